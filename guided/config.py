@@ -1,0 +1,83 @@
+"""One frozen EngineConfig: every knob of the engine, validated once with errors that say what to change."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from guided.errors import InvalidRequestError
+
+DEFAULT_MODEL = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    """"default" (the embedded SmolLM2-135M-Instruct), an HF model directory, a .gguf file, or
+    synthetic:<shape> (random weights, real architecture)."""
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
+    seed: int = 0
+
+    # KV cache and batching
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from memory (gpu_memory_utilization / cpu_kv_cache_gb)
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_cache_gb: float = 1.0
+    max_model_len: int | None = None  # None: the model's context length
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    max_waiting_requests: int = 4096
+
+    # structured generation
+    jump_forward: bool = True
+    max_jump_forward_tokens: int = 32
+    any_whitespace: bool = True
+    max_whitespace: int = 2  # longest run of whitespace between JSON tokens; bounded by default
+    compile_threads: int = 4
+    compile_timeout_s: float = 30.0
+    grammar_cache_size: int = 512
+    max_grammar_bytes: int = 1_000_000
+    mask_threads: int = 4
+
+    # GPU execution
+    cuda_graphs: bool = True
+    num_scheduler_steps: int = 1  # >1: multi-step decode for batches that allow it
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str, param: str) -> None:
+            if not ok:
+                raise InvalidRequestError(message, param=param)
+
+        need(self.block_size in (8, 16, 32, 64, 128), "block_size must be one of 8, 16, 32, 64, 128",
+             "block_size")
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 2,
+             "num_kv_blocks must be at least 2 (or None to size it from memory)", "num_kv_blocks")
+        need(0.05 <= self.gpu_memory_utilization <= 0.99,
+             "gpu_memory_utilization must lie in [0.05, 0.99]", "gpu_memory_utilization")
+        need(self.max_num_seqs >= 1, "max_num_seqs must be >= 1", "max_num_seqs")
+        need(self.max_num_batched_tokens >= 16, "max_num_batched_tokens must be >= 16",
+             "max_num_batched_tokens")
+        need(self.max_model_len is None or self.max_model_len >= 16,
+             "max_model_len must be >= 16", "max_model_len")
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
+             "dtype must be auto, float32, bfloat16 or float16", "dtype")
+        need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+             "device must be auto, cpu or cuda[:N]", "device")
+        need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
+        need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
+        need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")
+        need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
+             "max_jump_forward_tokens")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown engine option(s) {unknown}; known: {sorted(names)}", param=unknown[0])
+        return cls(**kwargs)
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)

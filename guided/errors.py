@@ -1,0 +1,22 @@
+"""The exceptions that cross module boundaries: each one says what the caller must change."""
+from __future__ import annotations
+
+
+class GuidedError(Exception):
+    """Base class of guided's own errors."""
+
+
+class InvalidRequestError(GuidedError, ValueError):
+    """The request itself is wrong (bad parameter, prompt too long, ...): a 400, never a 5xx."""
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class ConstraintError(InvalidRequestError):
+    """A constraint (schema, regex, grammar, choice) cannot be compiled or enforced."""
+
+
+class OverloadedError(GuidedError):
+    """The engine's waiting queue is full: a 503, the client may retry."""

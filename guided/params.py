@@ -1,0 +1,123 @@
+"""SamplingParams (vLLM's field names) and the constraint spec they carry."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from guided.errors import ConstraintError, InvalidRequestError
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConstraintSpec:
+    """A constraint normalized to a hashable cache key: `value` is canonical text for its kind
+    (sorted-key JSON for a schema, a JSON list for choices, the pattern or grammar verbatim)."""
+
+    kind: ConstraintKind
+    value: str
+
+    @staticmethod
+    def json_schema(schema: dict | str | bool) -> "ConstraintSpec":
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ConstraintError(f"json_schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ConstraintError("json_schema must be a JSON object (or a boolean schema)")
+        return ConstraintSpec("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+
+    @staticmethod
+    def choice(options: list[str]) -> "ConstraintSpec":
+        if not isinstance(options, (list, tuple)) or not options:
+            raise ConstraintError("choice must be a non-empty list of strings")
+        if not all(isinstance(o, str) and o for o in options):
+            raise ConstraintError("every choice must be a non-empty string")
+        return ConstraintSpec("choice", json.dumps(list(options), ensure_ascii=False))
+
+    def schema(self) -> Any:
+        return json.loads(self.value) if self.kind == "json_schema" else None
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int | None = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs per token (0: only the sampled one)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    skip_special_tokens: bool = True
+    n: int = 1
+    # the constraint: at most one of these
+    json_schema: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    stop_list: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str, param: str) -> None:
+            if not ok:
+                raise InvalidRequestError(message, param=param)
+
+        need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 0),
+             "max_tokens must be a non-negative integer", "max_tokens")
+        need(0.0 <= self.temperature <= 100.0, "temperature must lie in [0, 100]", "temperature")
+        need(0.0 < self.top_p <= 1.0, "top_p must lie in (0, 1]", "top_p")
+        need(isinstance(self.top_k, int) and self.top_k >= -1, "top_k must be -1 (off) or >= 0",
+             "top_k")
+        need(0.0 <= self.min_p <= 1.0, "min_p must lie in [0, 1]", "min_p")
+        need(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must lie in [-2, 2]",
+             "presence_penalty")
+        need(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must lie in [-2, 2]",
+             "frequency_penalty")
+        need(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty must lie in (0, 10]",
+             "repetition_penalty")
+        need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must lie in [0, 20]",
+             "logprobs")
+        need(isinstance(self.n, int) and 1 <= self.n <= 16, "n must lie in [1, 16]", "n")
+        need(self.seed is None or isinstance(self.seed, int), "seed must be an integer", "seed")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        need(all(isinstance(s, str) for s in stops) and len(stops) <= 16,
+             "stop must be a string or a list of at most 16 strings", "stop")
+        self.stop_list = [s for s in stops if s]
+        set_constraints = [name for name, on in (
+            ("json_schema", self.json_schema is not None), ("json_object", bool(self.json_object)),
+            ("regex", self.regex is not None), ("choice", self.choice is not None),
+            ("grammar", self.grammar is not None)) if on]
+        need(len(set_constraints) <= 1,
+             f"at most one constraint per request, got {set_constraints}", set_constraints[-1]
+             if set_constraints else "json_schema")
+
+    @property
+    def constraint(self) -> ConstraintSpec | None:
+        if self.json_schema is not None:
+            return ConstraintSpec.json_schema(self.json_schema)
+        if self.json_object:
+            return ConstraintSpec("json_object", "")
+        if self.regex is not None:
+            if not isinstance(self.regex, str) or not self.regex:
+                raise ConstraintError("regex must be a non-empty string")
+            return ConstraintSpec("regex", self.regex)
+        if self.choice is not None:
+            return ConstraintSpec.choice(self.choice)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar.strip():
+                raise ConstraintError("grammar must be a non-empty EBNF string")
+            return ConstraintSpec("grammar", self.grammar)
+        return None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
