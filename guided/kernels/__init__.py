@@ -1,0 +1,1 @@
+"""GPU kernels (Triton) with their torch references."""
