@@ -1,0 +1,389 @@
+"""Paged attention over a block table: varlen prefill / verification and split-K decode.
+
+Cache layout, per layer: ``k_cache``, ``v_cache`` ``[num_blocks, block_size, num_kv_heads, D]``.
+Token t of request b lives at ``(block_tables[b, t // block_size], t % block_size)``. Semantics::
+
+    for each request b, with q_len = query_start_loc[b+1] - query_start_loc[b], ctx = seq_lens[b] - q_len:
+      for query token i < q_len (row query_start_loc[b] + i, at position ctx + i), head h:
+        kvh    = h // (Hq // Hkv)                                   # GQA
+        s_t    = scale * <q[i, h], K_b[t, kvh]>   for t <= ctx + i  # causal with the offset
+        out    = sum_t softmax(s)_t * V_b[t, kvh]                    # softmax in fp32
+
+The decode kernel (every q_len == 1) splits each context into partitions across programs and a
+second launch merges the partial (max, sum, acc); the prefill kernel tiles queries of one request
+against kv tiles gathered through the block table (flash-attention style).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # CPU-only installs may lack triton: the refs below still work.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+
+# --------------------------------------------------------------------------------------------
+# torch references (what the CPU engine runs)
+# --------------------------------------------------------------------------------------------
+
+
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] -> cache slots (slot = block * block_size + offset), slot_mapping [T]."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = k
+    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = v
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """cache [N, bs, Hkv, D], block_table [..., max_blocks] -> [..., num_tokens, Hkv, D]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-num_tokens // block_size)
+    kv = cache[block_table[..., :num_blocks].long()]  # [..., nb, bs, Hkv, D]
+    kv = kv.flatten(-4, -3)  # [..., nb * bs, Hkv, D]
+    return kv[..., :num_tokens, :, :]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], allowed [B, Lq, Lk] bool -> [B, Lq, Hq, D] fp32 (fp64 in)."""
+    batch, q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    qg = q.to(acc_dtype).view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    kf = k.to(acc_dtype).permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, Lk, D]
+    vf = v.to(acc_dtype).permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, Lk, D]
+    scores = (qg @ kf.transpose(-1, -2)) * scale  # [B, Hkv, G, Lq, Lk]
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vf  # [B, Hkv, G, Lq, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Torch reference (module docstring). q [T, Hq, D] -> out [T, Hq, D] in q's dtype."""
+    num_reqs = block_tables.shape[0]
+    out = torch.empty_like(q)  # [T, Hq, D]
+    lens = seq_lens.tolist()
+    if max_query_len == 1 and q.shape[0] == num_reqs:
+        # all-decode fast path: one gather of [B, max_len] and one masked attention
+        max_len = max(lens) if lens else 0
+        k = _gather_kv(k_cache, block_tables, max_len)  # [B, L, Hkv, D]
+        v = _gather_kv(v_cache, block_tables, max_len)  # [B, L, Hkv, D]
+        pos = torch.arange(max_len, device=q.device)
+        allowed = (pos[None, :] < seq_lens.to(q.device)[:, None].long())[:, None, :]  # [B, 1, L]
+        out.copy_(_attend(q[:, None], k, v, allowed, scale)[:, 0])
+        return out
+    starts = query_start_loc.tolist()
+    for b in range(num_reqs):
+        q_len, seq_len = starts[b + 1] - starts[b], lens[b]
+        if q_len == 0:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], seq_len)  # [L, Hkv, D]
+        v = _gather_kv(v_cache, block_tables[b], seq_len)  # [L, Hkv, D]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [Lq]
+        allowed = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [Lq, L]
+        qb = q[starts[b]:starts[b + 1]]
+        out[starts[b]:starts[b + 1]] = _attend(qb[None], k[None], v[None], allowed[None],
+                                               scale)[0]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _load_kv_tile(cache_ptr, bt_row_ptr, t, t_mask, kv_head, d, stride_b, stride_t, stride_h,
+                      BLOCK_SIZE: tl.constexpr):
+        """[BLOCK_N, D] keys or values of positions t, gathered through the block table."""
+        block = tl.load(bt_row_ptr + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        ptrs = (cache_ptr + block[:, None] * stride_b + (t % BLOCK_SIZE)[:, None] * stride_t
+                + kv_head * stride_h + d[None, :])
+        return tl.load(ptrs, mask=t_mask[:, None], other=0.0)
+
+    @triton.jit
+    def _decode_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+        scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+        stride_vh, stride_bt, stride_ot, stride_oh, part_len, num_splits,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+        PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):
+        """Program (request b, kv head, split): all GROUP query heads of that kv head at once over
+        kv positions [split * part_len, (split + 1) * part_len) with an online softmax."""
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + b)
+        token = tl.load(qsl_ptr + b).to(tl.int64)
+        start = split * part_len
+        end = tl.minimum(start + part_len, seq_len)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        heads = kv_head * GROUP + g
+        g_mask = g < GROUP
+        q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=g_mask[:, None], other=0.0).to(DOT_DTYPE)  # [G, D]
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        for t0 in range(start, end, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            t_mask = t < end
+            k = _load_kv_tile(k_ptr, bt_row, t, t_mask, kv_head, d, stride_kb, stride_kt,
+                              stride_kh, BLOCK_SIZE)  # [N, D]
+            v = _load_kv_tile(v_ptr, bt_row, t, t_mask, kv_head, d, stride_vb, stride_vt,
+                              stride_vh, BLOCK_SIZE)  # [N, D]
+            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [G, N]
+            s = tl.where(t_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                                input_precision=PRECISION)
+            m_i = m_new
+        if SINGLE_SPLIT:
+            o = acc / l_i[:, None]
+            tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        else:
+            row = (b * tl.num_programs(1) * GROUP + heads).to(tl.int64) * num_splits + split
+            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc,
+                     mask=g_mask[:, None])
+            tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+
+    @triton.jit
+    def _decode_reduce_kernel(
+        part_acc_ptr, part_ml_ptr, qsl_ptr, out_ptr, stride_ot, stride_oh, num_splits,
+        HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    ):
+        """Program (request b, query head h): merge the partial (max, sum, acc) of all splits."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        token = tl.load(qsl_ptr + b).to(tl.int64)
+        s = tl.arange(0, SPLITS_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        s_mask = s < num_splits
+        row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits + s
+        m_s = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"))
+        l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0)
+        acc_s = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                        mask=s_mask[:, None], other=0.0)  # [S, D]
+        m = tl.max(m_s, axis=0)  # split 0 always holds position 0, so m is finite
+        w = tl.exp(m_s - m)  # empty splits: exp(-inf) = 0
+        o = tl.sum(w[:, None] * acc_s, axis=0) / tl.sum(w * l_s, axis=0)
+        tl.store(out_ptr + token * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _prefill_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
+        scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+        stride_vh, stride_bt, stride_ot, stride_oh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+    ):
+        """Program (request b, query head h, query tile): causal flash attention with offset."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        m_blk = tl.program_id(2)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        if m_blk * BLOCK_M >= q_len:
+            return
+        seq_len = tl.load(seq_lens_ptr + b)
+        ctx_len = seq_len - q_len
+        i = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        i_mask = i < q_len
+        d = tl.arange(0, HEAD_DIM)
+        rows = (q_start + i).to(tl.int64)
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=i_mask[:, None], other=0.0).to(DOT_DTYPE)  # [M, D]
+        q_pos = ctx_len + i  # [M]
+        kv_head = h // GROUP
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        kv_end = tl.minimum(seq_len, ctx_len + (m_blk + 1) * BLOCK_M)  # causal upper bound
+        for t0 in range(0, kv_end, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            t_mask = t < kv_end
+            k = _load_kv_tile(k_ptr, bt_row, t, t_mask, kv_head, d, stride_kb, stride_kt,
+                              stride_kh, BLOCK_SIZE)  # [N, D]
+            v = _load_kv_tile(v_ptr, bt_row, t, t_mask, kv_head, d, stride_vb, stride_vt,
+                              stride_vh, BLOCK_SIZE)  # [N, D]
+            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [M, N]
+            s = tl.where((t[None, :] <= q_pos[:, None]) & t_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: position 0 is in tile 0
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                                input_precision=PRECISION)
+            m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=i_mask[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# checked launcher
+# --------------------------------------------------------------------------------------------
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+_TL_DTYPES = ({torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+              if triton is not None else {})
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    if triton is None:
+        if t.device.type == "cpu":
+            return False
+        raise RuntimeError(f"triton is not installed: paged attention needs it on {t.device}")
+    return True
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+           seq_lens: torch.Tensor) -> None:
+    if q.dim() != 3 or q.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"q must be [T, Hq, D] float32/bfloat16/float16, got {tuple(q.shape)} "
+                         f"{q.dtype}")
+    head_dim = q.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dim() != 4 or cache.dtype != q.dtype or cache.shape[3] != head_dim:
+            raise ValueError(f"{name} must be [num_blocks, block_size, Hkv, {head_dim}] "
+                             f"{q.dtype}, got {tuple(cache.shape)} {cache.dtype}")
+        if cache.stride(3) != 1 or cache.device != q.device:
+            raise ValueError(f"{name} must have a contiguous last dim and live on {q.device}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}")
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if q.shape[1] % num_kv_heads:
+        raise ValueError(f"num_q_heads {q.shape[1]} is not a multiple of num_kv_heads "
+                         f"{num_kv_heads}")
+    if q.stride(2) != 1:
+        raise ValueError("q must have a contiguous last dim")
+    num_reqs = block_tables.shape[0]
+    for name, t, shape in (("block_tables", block_tables, None),
+                           ("query_start_loc", query_start_loc, (num_reqs + 1,)),
+                           ("seq_lens", seq_lens, (num_reqs,))):
+        if t.dtype != torch.int32 or t.device != q.device:
+            raise ValueError(f"{name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if block_tables.dim() != 2 or block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be [B, max_blocks] with contiguous rows")
+
+
+def _num_decode_splits(num_programs: int, max_seq_len: int, block_n: int,
+                       device: torch.device) -> int:
+    num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
+               if device.type == "cuda" else 1)
+    want = -(-2 * num_sms // max(num_programs, 1))
+    return max(1, min(want, -(-max_seq_len // (4 * block_n))))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of the packed new tokens q [T, Hq, D] over the paged cache; out [T, Hq, D].
+
+    max_seq_len bounds seq_lens (None: block_tables.shape[1] * block_size, no device sync);
+    num_splits forces the decode kernel's partitions per context (None: fill the GPU).
+    """
+    _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    if not _use_triton(q):
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+                                   scale=scale, max_query_len=max_query_len)
+    num_tokens, num_heads, head_dim = q.shape
+    num_reqs = block_tables.shape[0]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)  # [T, Hq, D]
+    if num_reqs == 0 or num_tokens == 0:
+        return out
+    # The interpreter's tl.dot mishandles 16-bit floats: there, dot in fp32 (exact products).
+    interpret = q.device.type == "cpu"
+    precision = "ieee" if q.dtype == torch.float32 or interpret else "tf32"
+    dot_dtype = _TL_DTYPES[torch.float32 if interpret else q.dtype]
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * block_size
+    common = (scale, q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+              block_tables.stride(0))
+    if max_query_len == 1 and num_tokens == num_reqs:
+        block_n = 64
+        if num_splits is None:
+            num_splits = _num_decode_splits(num_reqs * num_kv_heads, max_seq_len, block_n,
+                                            q.device)
+        part_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
+        num_splits = max(1, triton.cdiv(max_seq_len, part_len))
+        single = num_splits == 1
+        part_acc = torch.empty(num_reqs * num_heads * num_splits * (0 if single else head_dim),
+                               dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
+        part_ml = torch.empty(num_reqs * num_heads * num_splits * (0 if single else 2),
+                              dtype=torch.float32, device=q.device)  # [B, Hq, S, 2]
+        _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_acc, part_ml,
+            *common, out.stride(0), out.stride(1), part_len, num_splits,
+            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=single, PRECISION=precision,
+            DOT_DTYPE=dot_dtype,            num_warps=4,
+        )
+        if not single:
+            _decode_reduce_kernel[(num_reqs, num_heads)](
+                part_acc, part_ml, query_start_loc, out, out.stride(0), out.stride(1),
+                num_splits, HEAD_DIM=head_dim,
+                SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+            )
+        return out
+    block = 32 if q.dtype == torch.float32 else 64
+    _prefill_kernel[(num_reqs, num_heads, triton.cdiv(max_query_len, block))](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        *common, out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block, BLOCK_N=block,
+        PRECISION=precision, DOT_DTYPE=dot_dtype, num_warps=4,
+    )
+    return out

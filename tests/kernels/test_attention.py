@@ -1,0 +1,141 @@
+"""guided.kernels.attention: Triton paged attention against the torch reference, and the reference
+against dense causal SDPA on contiguous K/V."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from guided.kernels import attention as attn
+
+TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any()
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def _batch(q_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
+           head_dim: int, block_size: int, dtype: torch.dtype, device: str, seed: int) -> dict:
+    """Random q and caches; each request's blocks are distinct, shuffled, non-contiguous ids."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_req = [-(-s // block_size) for s in seq_lens]
+    max_blocks = max(blocks_per_req) + 1
+    num_blocks = sum(blocks_per_req) + 7
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)  # [B, max_blocks]
+    used = 0
+    for b, n in enumerate(blocks_per_req):
+        block_tables[b, :n] = perm[used:used + n]
+        block_tables[b, n:] = perm[-1]  # junk past the end must never be read into the result
+        used += n
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)  # [N, bs, Hkv, D]
+    v_cache = torch.randn(shape, generator=gen).to(dtype)  # [N, bs, Hkv, D]
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(dtype)  # [T, Hq, D]
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    out = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": block_tables,
+           "query_start_loc": qsl, "seq_lens": torch.tensor(seq_lens, dtype=torch.int32)}
+    out = {k: v.to(device) for k, v in out.items()}
+    out.update(scale=head_dim**-0.5, max_query_len=max(q_lens))
+    return out
+
+
+SHAPES = [(4, 2, 64, 16), (6, 3, 64, 8), (8, 1, 128, 32)]  # (Hq, Hkv, D, block_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_matches_ref(device: str, dtype: torch.dtype, shape: tuple) -> None:
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    seq_lens = [1, 37, 300, 129, 64]
+    x = _batch([1] * 5, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
+               seed=sum(shape))
+    ref = attn.paged_attention_ref(**x)
+    for num_splits in (None, 1, 3):
+        out = attn.paged_attention(**x, num_splits=num_splits)
+        assert out.dtype == dtype and out.shape == x["q"].shape
+        assert _rel_err(out, ref) < TOL[dtype], num_splits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_varlen_matches_ref(device: str, dtype: torch.dtype, shape: tuple) -> None:
+    """Mixed batch: prefill from scratch, prefill after a prefix-cache hit, decode, verification."""
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    q_lens = [70, 1, 5, 33, 17]
+    seq_lens = [70, 90, 48, 100, 17 + 40]
+    x = _batch(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
+               seed=sum(shape) + 1)
+    out = attn.paged_attention(**x)
+    ref = attn.paged_attention_ref(**x)
+    assert _rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("q_lens,seq_lens", [([1, 1, 1], [5, 40, 17]), ([9, 3], [9, 30])])
+def test_ref_matches_dense_causal_sdpa(q_lens: list[int], seq_lens: list[int]) -> None:
+    x = _batch(q_lens, seq_lens, 6, 2, 64, 8, torch.float64, "cpu", seed=5)
+    out = attn.paged_attention_ref(**x)
+    group = 3
+    for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
+        # the same K/V laid out contiguously, by walking the block table by hand
+        slots = [(int(x["block_tables"][b, t // 8]), t % 8) for t in range(seq_len)]
+        k = torch.stack([x["k_cache"][blk, off] for blk, off in slots])  # [L, Hkv, D]
+        v = torch.stack([x["v_cache"][blk, off] for blk, off in slots])  # [L, Hkv, D]
+        start = int(x["query_start_loc"][b])
+        q = x["q"][start:start + q_len]  # [Lq, Hq, D]
+        mask = torch.ones(q_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - q_len)
+        dense = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1),
+            v.repeat_interleave(group, 1).transpose(0, 1), attn_mask=mask, scale=x["scale"],
+        ).transpose(0, 1)  # [Lq, Hq, D]
+        torch.testing.assert_close(out[start:start + q_len], dense)
+
+
+def test_write_kv_ref_round_trips() -> None:
+    x = _batch([1], [1], 4, 2, 64, 16, torch.float32, "cpu", seed=9)
+    k_cache, v_cache = x["k_cache"], x["v_cache"]
+    k = torch.randn(5, 2, 64)
+    v = torch.randn(5, 2, 64)
+    slots = torch.tensor([3, 17, 18, 40, 2], dtype=torch.int64)
+    attn.write_kv_ref(k, v, k_cache, v_cache, slots)
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(k_cache[s // 16, s % 16], k[i])
+        assert torch.equal(v_cache[s // 16, s % 16], v[i])
+
+
+def test_kernel_path_is_exercised(device: str) -> None:
+    assert attn._use_triton(torch.empty(1, device=device))
+
+
+def test_launcher_rejects_bad_inputs(device: str) -> None:
+    x = _batch([1, 1], [5, 9], 4, 2, 64, 16, torch.float32, device, seed=2)
+    with pytest.raises(ValueError, match="k_cache"):
+        attn.paged_attention(**{**x, "k_cache": x["k_cache"].half()})
+    with pytest.raises(ValueError, match="seq_lens"):
+        attn.paged_attention(**{**x, "seq_lens": x["seq_lens"].long()})
+    with pytest.raises(ValueError, match="multiple"):
+        attn.paged_attention(**{**x, "q": x["q"][:, :3]})
+    with pytest.raises(ValueError, match="query_start_loc"):
+        attn.paged_attention(**{**x, "query_start_loc": x["query_start_loc"][:2]})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(32, 8, 128), (28, 4, 128),
+                                                             (9, 3, 64)])
+def test_gpu_decode_realistic(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    seq_lens = torch.randint(1, 2049, (64,), generator=gen).tolist()
+    seq_lens[0] = 2048
+    x = _batch([1] * 64, seq_lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, "cuda",
+               seed=1)
+    assert _rel_err(attn.paged_attention(**x), attn.paged_attention_ref(**x)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_realistic() -> None:
+    q_lens = [2048, 1, 1, 17, 33, 500] + [1] * 58
+    seq_lens = [2048, 2000, 7, 1024, 1500, 2048] + [1000] * 58
+    x = _batch(q_lens, seq_lens, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
+    assert _rel_err(attn.paged_attention(**x), attn.paged_attention_ref(**x)) < 1e-2
