@@ -1,0 +1,41 @@
+"""Incremental detokenization: new text per token without re-decoding the whole output, and
+never half a UTF-8 character (a trailing U+FFFD waits for the next token)."""
+from __future__ import annotations
+
+from guided.scheduler.request import Request
+
+
+def detokenize_step(tokenizer, request: Request, skip_special_tokens: bool) -> str:
+    """Append the text of the request's new output tokens to request.text; returns the delta."""
+    ids = request.output_token_ids
+    prefix = tokenizer.decode(ids[request.prefix_offset:request.read_offset],
+                              skip_special_tokens=skip_special_tokens)
+    full = tokenizer.decode(ids[request.prefix_offset:], skip_special_tokens=skip_special_tokens)
+    if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        return ""
+    delta = full[len(prefix):]
+    request.prefix_offset = request.read_offset
+    request.read_offset = len(ids)
+    request.text += delta
+    return delta
+
+
+def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:
+    """Earliest stop string in text that ends after `start` (text before it was checked)."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        idx = text.find(stop, max(0, start - len(stop) + 1))
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, stop)
+    return best
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of text that may be the start of a stop string: not shown yet."""
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold

@@ -1,0 +1,330 @@
+"""Engine: add_request / abort_request / step. One step: schedule -> execute (the grammar masks
+filled on the host while the model runs) -> sample -> update (append, verify jump-forward drafts,
+stop checks) -> outputs."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from guided.config import EngineConfig
+from guided.detokenizer import detokenize_step, find_stop, held_back
+from guided.errors import InvalidRequestError, OverloadedError
+from guided.outputs import EngineStats, RequestOutput, TokenLogprob
+from guided.params import SamplingParams
+from guided.scheduler.block_manager import BlockManager
+from guided.scheduler.request import Request, RequestStatus
+from guided.scheduler.scheduler import Scheduler, SchedulerOutput
+from guided.worker import loader
+from guided.worker.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
+        self.config = config = config or EngineConfig.from_kwargs(**kwargs)
+        t0 = time.perf_counter()
+        self.model_name = config.model
+        self.tokenizer = loader.load_tokenizer(config.model)
+        model_config = loader.load_model_config(config.model)
+        state = None if config.model.startswith("synthetic:") else loader.load_state_dict(
+            config.model)
+        self.vocab_size = len(self.tokenizer)
+        if self.vocab_size > model_config.vocab_size:
+            raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
+                             f"{model_config.vocab_size} embedding rows")
+        self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size)
+        del state
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.eos_token_ids = self._eos_ids()
+        self._compiler = None
+        self.requests: dict[str, Request] = {}
+        self._changed: dict[str, Request] = {}  # requests with news for the next outputs
+        self._rng = random.Random(config.seed)
+        self.stats_totals = EngineStats()
+        log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
+                 "max_model_len %d", time.perf_counter() - t0, config.model, self.runner.device,
+                 str(self.runner.dtype).removeprefix("torch."), self.runner.num_blocks,
+                 config.block_size, self.runner.num_blocks * config.block_size, self.max_model_len)
+
+    @property
+    def compiler(self):
+        """The grammar compiler, built on first use (its backends are heavy imports)."""
+        if self._compiler is None:
+            from guided.fsm.compiler import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
+                                             config=self.config)
+        return self._compiler
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = {self.tokenizer.eos_token_id}
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            ids.add(im_end)
+        return tuple(sorted(i for i in ids if i is not None))
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if self.scheduler.num_unfinished >= self.config.max_waiting_requests:
+            raise OverloadedError(f"{self.scheduler.num_unfinished} requests in flight; retry later")
+        prompt_ids = self._prompt_ids(prompt)
+        spec = params.constraint  # raises ConstraintError for a malformed spec
+        room = self.max_model_len - len(prompt_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        request = Request(
+            request_id=request_id, prompt_token_ids=prompt_ids, params=params,
+            seed=params.seed if params.seed is not None else self._rng.getrandbits(63),
+            eos_token_ids=() if params.ignore_eos else self.eos_token_ids, max_tokens=max_tokens)
+        request.metrics.arrival_time = arrival_time or time.time()
+        if params.logprobs is not None:
+            request.logprobs = []
+        self.requests[request_id] = request
+        self.stats_totals.prompt_tokens_total += len(prompt_ids)
+        if max_tokens <= 0:
+            self._finish(request, "length")
+            return
+        if spec is not None:
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
+            request.grammar_future = self.compiler.submit(spec)
+        self.scheduler.add(request)
+        log.debug("request %s: %d prompt tokens, constraint %s", request_id, len(prompt_ids),
+                  spec.kind if spec else None)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                    param="prompt")
+        else:
+            raise InvalidRequestError("prompt must be a string or a list of token ids",
+                                      param="prompt")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
+                "tokens (the prompt must leave room for at least one output token)",
+                param="prompt")
+        return ids
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None and not request.is_finished:
+            self._finish(request, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or bool(self._changed)
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        for request in self.scheduler.promote_compiled(self._make_matcher):
+            request.error_type = "constraint"
+            self._finish(request, "error", error=request.error)
+        sched = self.scheduler.schedule()
+        if sched.scheduled:
+            constrained = [item.request.matcher is not None for item in sched.scheduled]
+            result = self.runner.execute(sched, constrained,
+                                         lambda bitmask: self._fill_masks(sched, bitmask))
+            self._update(sched, result.sampled, result.logprobs)
+        return self._collect_outputs()
+
+    def _make_matcher(self, request: Request) -> None:
+        grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
+        request.matcher = grammar.matcher()
+        request.metrics.compiled_time = time.time()
+        request.metrics.compile_seconds = grammar.compile_seconds
+
+    def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
+        from guided.fsm.bitmask_fill import fill_bitmasks
+
+        plain: list = []  # (matcher, row): filled in parallel
+        row = 0
+        for item in sched.scheduled:
+            request = item.request
+            if request.matcher is None or not item.sample:
+                continue
+            drafts = request.draft_token_ids[:item.num_draft_tokens]
+            if not drafts:
+                plain.append((request.matcher, row))
+                row += 1
+                continue
+            row = self._fill_draft_rows(request, drafts, bitmask, row)
+        if plain:
+            fill_bitmasks(plain, bitmask, num_threads=self.config.mask_threads)
+
+    @staticmethod
+    def _fill_draft_rows(request: Request, drafts: list[int], bitmask, row: int) -> int:
+        """Rows for a drafted request: the mask before each draft token, the matcher walked
+        through the drafts and back, so every verified position is masked as if decoded."""
+        matcher = request.matcher
+        accepted = 0
+        try:
+            for j in range(len(drafts) + 1):
+                matcher.fill_bitmask(bitmask, row + j)
+                if j < len(drafts):
+                    if not matcher.accept_token(drafts[j]):
+                        raise RuntimeError(f"jump-forward draft token {drafts[j]} rejected")
+                    accepted += 1
+        finally:
+            if accepted:
+                matcher.rollback(accepted)
+        return row + len(drafts) + 1
+
+    def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list]
+                ) -> None:
+        self.stats_totals.forward_passes_total += 1
+        for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
+            request = item.request
+            if request.is_finished:  # aborted while the step ran
+                continue
+            request.metrics.forward_passes += 1
+            base = request.num_computed_tokens + item.num_new_tokens
+            if not item.sample:
+                self.scheduler.commit_computed(request, base)
+                continue
+            drafts = request.draft_token_ids[:item.num_draft_tokens]
+            request.draft_token_ids = []
+            num_matched = 0
+            for j, token in enumerate(tokens):
+                if self._append_token(request, token, lps[j]):
+                    break
+                if j < len(drafts) and token == drafts[j]:
+                    num_matched += 1  # the draft's K/V, computed this step, is now valid
+                else:
+                    break
+            request.metrics.jump_forward_tokens += num_matched
+            self.stats_totals.jump_forward_tokens_total += num_matched
+            if request.is_finished:
+                continue
+            self.scheduler.commit_computed(request, base + num_matched)
+            self.scheduler.trim_blocks(request)
+            if self.config.jump_forward and request.matcher is not None:
+                self._propose_jump(request)
+
+    def _propose_jump(self, request: Request) -> None:
+        from guided.fsm.jump_forward import propose_draft_tokens
+
+        room = min(request.max_tokens - len(request.output_token_ids) - 1,
+                   self.max_model_len - request.num_tokens - 1,
+                   self.config.max_jump_forward_tokens)
+        if room <= 0:
+            return
+        try:
+            drafts = propose_draft_tokens(self.tokenizer, request.matcher,
+                                          request.output_token_ids, max_tokens=room)
+        except Exception:  # noqa: BLE001 - a failed proposal only costs the speed-up
+            log.exception("jump-forward proposal failed for %s", request.request_id)
+            drafts = []
+        request.draft_token_ids = drafts
+
+    def _append_token(self, request: Request, token: int, logprob) -> bool:
+        """Append one sampled token; True if the request finished."""
+        params = request.params
+        if request.matcher is not None and not request.matcher.accept_token(token):
+            request.error_type = "internal"
+            self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
+            return True
+        request.output_token_ids.append(token)
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = time.time()
+        self.stats_totals.generation_tokens_total += 1
+        if request.logprobs is not None and logprob is not None:
+            request.logprobs.append(TokenLogprob(token, logprob[0], logprob[1]))
+        self._changed[request.request_id] = request
+        if token in request.eos_token_ids:
+            self._finish(request, "stop", stop_reason=token)
+            return True
+        if params.stop_token_ids and token in params.stop_token_ids:
+            self._finish(request, "stop", stop_reason=token)
+            return True
+        checked = len(request.text)
+        detokenize_step(self.tokenizer, request, params.skip_special_tokens)
+        if params.stop_list:
+            hit = find_stop(request.text, params.stop_list, checked)
+            if hit is not None:
+                request.text = request.text[:hit[0]]
+                self._finish(request, "stop", stop_reason=hit[1])
+                return True
+        if request.matcher is not None and request.matcher.is_terminated():
+            self._finish(request, "stop")
+            return True
+        if len(request.output_token_ids) >= request.max_tokens:
+            self._finish(request, "length")
+            return True
+        if request.num_tokens >= self.max_model_len:
+            self._finish(request, "length")
+            return True
+        return False
+
+    def _finish(self, request: Request, reason: str, *, error: str | None = None,
+                stop_reason=None) -> None:
+        if request.matcher is not None and request.draft_token_ids:
+            request.draft_token_ids = []
+        self.scheduler.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        if error is not None:
+            request.error = error
+        request.metrics.finished_time = time.time()
+        counts = self.stats_totals.requests_finished_total
+        counts[reason] = counts.get(reason, 0) + 1
+        self._changed[request.request_id] = request
+        log.debug("request %s finished: %s (%d tokens)", request.request_id, reason,
+                  len(request.output_token_ids))
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        outputs = []
+        for request in self._changed.values():
+            text = request.text
+            if not request.is_finished and request.params.stop_list:
+                hold = held_back(text, request.params.stop_list)
+                text = text[:len(text) - hold] if hold else text
+            outputs.append(RequestOutput(
+                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+                token_ids=list(request.output_token_ids), text=text,
+                finished=request.is_finished, finish_reason=request.finish_reason,
+                stop_reason=request.stop_reason, error=request.error,
+                error_type=request.error_type,
+                logprobs=None if request.logprobs is None else list(request.logprobs),
+                metrics=request.metrics))
+            if request.is_finished:
+                self.requests.pop(request.request_id, None)
+        self._changed = {}
+        return outputs
+
+    def stats(self) -> EngineStats:
+        s = self.stats_totals
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.compiling),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_in_use=self.block_manager.num_used_blocks,
+            prompt_tokens_total=s.prompt_tokens_total,
+            generation_tokens_total=s.generation_tokens_total,
+            prefix_cache_queries_total=self.scheduler.prefix_queries,
+            prefix_cache_hit_tokens_total=self.scheduler.prefix_hits,
+            jump_forward_tokens_total=s.jump_forward_tokens_total,
+            forward_passes_total=s.forward_passes_total,
+            preemptions_total=self.scheduler.num_preemptions,
+            requests_finished_total=dict(s.requests_finished_total))
+
+    def shutdown(self) -> None:
+        if self._compiler is not None:
+            self._compiler.shutdown()
+        self.runner.shutdown()

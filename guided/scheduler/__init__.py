@@ -1,0 +1,1 @@
+"""Requests, KV blocks, the prefix cache and the pure scheduling decisions."""

@@ -1,0 +1,80 @@
+"""A request's life in the engine: its tokens, its KV blocks, its matcher, its status."""
+from __future__ import annotations
+
+import enum
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
+from guided.params import SamplingParams
+
+if TYPE_CHECKING:
+    from guided.fsm.matcher import Matcher
+
+
+class RequestStatus(enum.Enum):
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # constraint compiling; others keep decoding
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks freed; recomputed from its tokens when readmitted
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # the request's sampling seed (given, or drawn by the engine)
+    eos_token_ids: tuple[int, ...]
+    max_tokens: int  # the effective output limit (params and context length)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # jump-forward: forced tokens proposed for the next step, verified there like draft tokens
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (committed tokens only)
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    grammar_future: Future | None = None
+    matcher: Matcher | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    error_type: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # incremental detokenization state
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+    stop_checked_len: int = 0  # chars of text already scanned for stop strings
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, index: int) -> int:
+        p = len(self.prompt_token_ids)
+        if index < p:
+            return self.prompt_token_ids[index]
+        index -= p
+        if index < len(self.output_token_ids):
+            return self.output_token_ids[index]
+        return self.draft_token_ids[index - len(self.output_token_ids)]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_constrained(self) -> bool:
+        return self.matcher is not None

@@ -1,0 +1,212 @@
+"""schedule() -> SchedulerOutput; update(SchedulerOutput, sampled tokens) -> finished requests.
+
+One view covers prefill, chunked prefill, prefix hits, decode and jump-forward drafts: each
+request catches up from num_computed_tokens to its known tokens (plus drafts), within the step's
+token budget. Decisions (how much, whom to admit, whom to preempt) come from policy.py.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from guided.config import EngineConfig
+from guided.scheduler import policy
+from guided.scheduler.block_manager import BlockManager
+from guided.scheduler.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # committed tokens computed this step, from num_computed_tokens on
+    num_draft_tokens: int  # jump-forward drafts fed after them (only when sampling)
+    sample: bool  # the chunk reaches the last known token: sample 1 + num_draft_tokens tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int):
+        self.config = config
+        self.blocks = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
+        self.compiling: list[Request] = []  # WAITING_FOR_GRAMMAR
+        self.running: list[Request] = []
+        self._arrival = itertools.count()
+        self.arrival_index: dict[str, int] = {}
+        self.num_preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # -- queues -------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.arrival_index[request.request_id] = next(self._arrival)
+        if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
+            self.compiling.append(request)
+        else:
+            self.waiting.append(request)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.compiling) + len(self.running)
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of every queue and free its blocks (finish or abort)."""
+        for queue in (self.running, self.compiling):
+            if request in queue:
+                queue.remove(request)
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self.free_blocks(request)
+        self.arrival_index.pop(request.request_id, None)
+
+    def free_blocks(self, request: Request) -> None:
+        self.blocks.free(request.block_ids)
+        request.block_ids = []
+        request.num_cached_blocks = 0
+
+    # -- schedule -----------------------------------------------------------------------------
+    def promote_compiled(self, make_matcher) -> list[Request]:
+        """Move requests whose grammar is ready to WAITING; returns those whose compile failed
+        (make_matcher(request) raises for them)."""
+        failed, still = [], []
+        for request in self.compiling:
+            if not request.grammar_future.done():
+                still.append(request)
+                continue
+            try:
+                make_matcher(request)
+            except Exception as e:  # noqa: BLE001 - a bad constraint finishes only its request
+                request.error = str(e)
+                failed.append(request)
+                continue
+            request.status = RequestStatus.WAITING
+            self.waiting.append(request)
+        self.compiling = still
+        return failed
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. running requests, oldest first; preempt the newest when blocks run out
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:  # preempted for an older one
+                continue
+            item = self._fit(request, budget, out)
+            if item is not None and item.num_new_tokens + item.num_draft_tokens:
+                out.scheduled.append(item)
+                budget -= item.num_new_tokens + item.num_draft_tokens
+
+        # 2. admit waiting requests while the budget, the seat count and the cache allow
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if not self._admit(request):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            item = self._fit(request, budget, out)
+            if item is None:
+                break
+            out.scheduled.append(item)
+            budget -= item.num_new_tokens + item.num_draft_tokens
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = time.time()
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _admit(self, request: Request) -> bool:
+        bs = self.blocks.block_size
+        num_tokens = request.num_tokens
+        # the last token is always recomputed: its logits are needed
+        hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1)
+        horizon = 4 * bs * 16
+        ok = policy.can_admit(
+            prompt_blocks_needed=self.blocks.blocks_needed(num_tokens) - len(hits),
+            num_free_blocks=self.blocks.num_free_blocks - self._num_free_hits(hits),
+            num_total_blocks=self.blocks.num_blocks,
+            running_current=[r.num_tokens for r in self.running],
+            running_remaining=[policy.expected_remaining(r.max_tokens, len(r.output_token_ids),
+                                                         cap=horizon) for r in self.running],
+            new_current=num_tokens,
+            new_remaining=policy.expected_remaining(request.max_tokens,
+                                                    len(request.output_token_ids), cap=horizon),
+            block_size=bs,
+            watermark_blocks=max(1, self.blocks.num_blocks // 100),
+        )
+        if not ok:
+            return False
+        self.blocks.share(hits)
+        request.block_ids = list(hits)
+        request.num_cached_blocks = len(hits)
+        request.num_computed_tokens = len(hits) * bs
+        self.prefix_queries += num_tokens
+        self.prefix_hits += len(hits) * bs
+        request.metrics.prefix_cache_hit_tokens += len(hits) * bs
+        return True
+
+    def _num_free_hits(self, hits: list[int]) -> int:
+        # cached-but-unreferenced hits leave the free queue when shared
+        return sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
+
+    def _fit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
+        """Decide this step's tokens for a running request and secure their blocks, preempting
+        the newest running requests if needed. None: the request itself was preempted."""
+        pending = request.num_tokens - request.num_computed_tokens
+        num_new = policy.num_tokens_to_schedule(pending, budget)
+        sample = num_new == pending
+        num_draft = min(len(request.draft_token_ids), budget - num_new) if sample else 0
+        if num_draft < len(request.draft_token_ids):
+            request.draft_token_ids = request.draft_token_ids[:num_draft]
+        needed = self.blocks.blocks_needed(request.num_computed_tokens + num_new + num_draft)
+        extra = needed - len(request.block_ids)
+        while extra > self.blocks.num_free_blocks:
+            victim = self._preempt_newest(out)
+            if victim is request:
+                return None
+        if extra > 0:
+            request.block_ids += self.blocks.allocate(extra)
+        return ScheduledRequest(request, num_new, num_draft, sample)
+
+    def _preempt_newest(self, out: SchedulerOutput) -> Request:
+        order = [self.arrival_index[r.request_id] for r in self.running]
+        victim = self.running.pop(policy.pick_preemption_victim(order))
+        self.free_blocks(victim)
+        victim.num_computed_tokens = 0
+        victim.draft_token_ids = []
+        victim.status = RequestStatus.PREEMPTED
+        victim.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        for item in list(out.scheduled):  # a victim scheduled earlier this step is unscheduled
+            if item.request is victim:
+                out.scheduled.remove(item)
+        out.preempted.append(victim)
+        return victim
+
+    # -- after the step -----------------------------------------------------------------------
+    def commit_computed(self, request: Request, num_computed: int) -> None:
+        """Advance the request's computed tokens and register newly full blocks for reuse."""
+        request.num_computed_tokens = num_computed
+        num_full = min(num_computed, request.num_tokens) // self.blocks.block_size
+        if num_full > request.num_cached_blocks:
+            request.num_cached_blocks = self.blocks.register_full_blocks(
+                request.block_ids, request.all_token_ids, request.num_cached_blocks, num_full)
+
+    def trim_blocks(self, request: Request) -> None:
+        """Free blocks past what the request's tokens need (rejected drafts' slots)."""
+        keep = self.blocks.blocks_needed(request.num_tokens + 1)
+        if len(request.block_ids) > keep:
+            self.blocks.free(request.block_ids[keep:])
+            del request.block_ids[keep:]

@@ -1,0 +1,1 @@
+"""The model side: weights, the llama-family model, inputs, forward and sampling."""

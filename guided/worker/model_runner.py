@@ -1,0 +1,217 @@
+"""Builds a step's inputs (ids, positions, slot_mapping, block tables), runs the model, fills
+the grammar bitmask on the host while the forward pass runs, and samples."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from guided.config import EngineConfig
+from guided.scheduler.scheduler import SchedulerOutput
+from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker.model_config import ModelConfig
+from guided.worker.models.llama import LlamaForCausalLM
+from guided.worker.sampler import SamplerOutput, SamplingRows, position_seed, sample
+
+log = logging.getLogger(__name__)
+
+# fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows, in their order
+MaskFiller = Callable[[torch.Tensor], None]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # (N,) rows of the packed batch that are sampled
+    rows: SamplingRows
+    row_owner: list[int]  # (N,) index into sched.scheduled per sampled row
+    mask_rows: list[int]  # (N,) bitmask row per sampled row, -1: unconstrained
+    num_mask_rows: int
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled: list[list[int]]  # per scheduled request: its sampled tokens (empty: no sampling)
+    logprobs: list[list]  # per scheduled request: per sampled token (lp, top) or None
+
+
+def resolve_device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return getattr(torch, config.dtype)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig,
+                 state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int):
+        self.config = config
+        self.model_config = model_config
+        self.device = resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
+        self.vocab_size = vocab_size  # the tokenizer's: logits columns past it are never sampled
+        self.block_size = config.block_size
+        self.model = self._build_model(state_dict)
+        self.num_blocks = self._size_kv_cache()
+        cfg = model_config
+        # (L, 2, num_blocks, block_size, Hkv, D): one allocation, per-layer (k, v) views
+        self.kv_cache = torch.empty(cfg.num_layers, 2, self.num_blocks, self.block_size,
+                                    cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype,
+                                    device=self.device)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
+        self.mask_words = -(-vocab_size // 32)
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
+        self.use_triton = self.device.type == "cuda"
+
+    def _build_model(self, state_dict) -> LlamaForCausalLM:
+        with torch.device("meta"):  # no time spent on an init the weights overwrite
+            model = LlamaForCausalLM(self.model_config)
+        model.to_empty(device=self.device)
+        model.rope.reset_tables()
+        for p in model.parameters():  # rope tables stay fp32
+            p.data = p.data.to(self.dtype)
+        if state_dict is None:
+            model.init_random_(self.config.seed)
+        else:
+            model.load_hf_state_dict(state_dict)
+        return model.eval()
+
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.model_config
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+    def _size_kv_cache(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        per_block = self.kv_bytes_per_block()
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            # room for activations and logits of the largest step
+            reserve = (self.config.max_num_batched_tokens
+                       * (self.model_config.vocab_size * 4 + self.model_config.intermediate_size
+                          * 8)) + (1 << 30)
+            budget = total * self.config.gpu_memory_utilization - used - reserve
+        else:
+            budget = self.config.cpu_kv_cache_gb * (1 << 30)
+        num = int(budget // per_block)
+        if num < 2:
+            raise MemoryError(f"no room for the KV cache ({budget / 2**30:.2f} GiB left)")
+        return num
+
+    # -- one step -----------------------------------------------------------------------------
+    def prepare(self, sched: SchedulerOutput, constrained: list[bool]) -> StepInputs:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        row_owner: list[int] = []
+        mask_rows: list[int] = []
+        rows = SamplingRows([], [], [], [], [], [], [], [], [], [], [])
+        num_mask_rows = 0
+        max_blocks = max(len(item.request.block_ids) for item in sched.scheduled)
+        block_tables = torch.zeros(len(sched.scheduled), max_blocks, dtype=torch.int32)
+        for b, item in enumerate(sched.scheduled):
+            req = item.request
+            start = req.num_computed_tokens
+            n = item.num_new_tokens + item.num_draft_tokens
+            table = req.block_ids
+            block_tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
+            for pos in range(start, start + n):
+                ids.append(req.token_at(pos))
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+            query_start.append(len(ids))
+            seq_lens.append(start + n)
+            if not item.sample:
+                continue
+            p = req.params
+            for j in range(1 + item.num_draft_tokens):
+                logits_indices.append(len(ids) - 1 - item.num_draft_tokens + j)
+                row_owner.append(b)
+                out_index = len(req.output_token_ids) + j  # which output token this row samples
+                rows.temperature.append(p.temperature)
+                rows.seeds.append(position_seed(req.seed, out_index))
+                rows.top_k.append(p.top_k)
+                rows.top_p.append(p.top_p)
+                rows.min_p.append(p.min_p)
+                rows.presence_penalty.append(p.presence_penalty)
+                rows.frequency_penalty.append(p.frequency_penalty)
+                rows.repetition_penalty.append(p.repetition_penalty)
+                penalized = p.presence_penalty or p.frequency_penalty
+                rows.history.append(req.output_token_ids + req.draft_token_ids[:j]
+                                    if penalized else [])
+                rows.prompt_ids.append(req.prompt_token_ids)
+                rows.num_logprobs.append(-1 if p.logprobs is None else p.logprobs)
+                if constrained[b]:
+                    mask_rows.append(num_mask_rows)
+                    num_mask_rows += 1
+                else:
+                    mask_rows.append(-1)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
+            block_tables=block_tables.to(dev, non_blocking=True),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32).to(dev, non_blocking=True),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
+            max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
+            max_seq_len=max(seq_lens),
+            use_triton=self.use_triton,
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
+            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
+            meta=meta,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(dev,
+                                                                               non_blocking=True),
+            rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, constrained: list[bool],
+                fill_masks: MaskFiller) -> RunnerOutput:
+        inputs = self.prepare(sched, constrained)
+        bitmask_host = None
+        mask_job = None
+        if inputs.num_mask_rows:
+            bitmask_host = torch.empty(inputs.num_mask_rows, self.mask_words, dtype=torch.int32,
+                                       pin_memory=self.device.type == "cuda")
+            # the host fills the grammar masks while the device runs the forward pass
+            mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        num_sched = len(sched.scheduled)
+        sampled: list[list[int]] = [[] for _ in range(num_sched)]
+        logprobs: list[list] = [[] for _ in range(num_sched)]
+        if inputs.logits_indices.numel() == 0:
+            if mask_job is not None:
+                mask_job.result()
+            return RunnerOutput(sampled, logprobs)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
+        bitmask = mask_rows = None
+        if mask_job is not None:
+            mask_job.result()
+            bitmask = bitmask_host.to(self.device, non_blocking=True)
+            mask_rows = torch.tensor(inputs.mask_rows, dtype=torch.int32).to(self.device,
+                                                                             non_blocking=True)
+        out: SamplerOutput = sample(logits, inputs.rows, bitmask, mask_rows,
+                                    vocab_size=self.vocab_size)
+        for row, owner in enumerate(inputs.row_owner):
+            sampled[owner].append(out.token_ids[row])
+            logprobs[owner].append(out.logprobs[row])
+        return RunnerOutput(sampled, logprobs)
+
+    def shutdown(self) -> None:
+        self._mask_pool.shutdown(wait=False)

@@ -1,0 +1,1 @@
+"""Model architectures in plain torch."""

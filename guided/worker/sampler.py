@@ -1,0 +1,135 @@
+"""Turn logits into tokens: the fused mask+sample kernel for plain rows, a torch path for
+top-k / top-p / min-p / penalties, both drawing the same seeded Gumbel noise, so a request's
+tokens depend on its seed and position only (not on its batch, nor on jump-forward)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from guided.kernels.bitmask import apply_token_bitmask_, gumbel_noise_ref, masked_sample
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """splitmix64 of (seed, position), folded to a non-negative int64."""
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+@dataclass(slots=True)
+class SamplingRows:
+    """Per sampled row (one per sampled position) parameters, built on the host."""
+
+    temperature: list[float]
+    seeds: list[int]
+    top_k: list[int]
+    top_p: list[float]
+    min_p: list[float]
+    presence_penalty: list[float]
+    frequency_penalty: list[float]
+    repetition_penalty: list[float]
+    history: list[list[int]]  # output token ids before each row (penalties)
+    prompt_ids: list[list[int]]  # prompt token ids (repetition penalty)
+    num_logprobs: list[int]  # -1: none
+
+    @property
+    def needs_slow_path(self) -> bool:
+        return (any(k > 0 for k in self.top_k) or any(p < 1.0 for p in self.top_p)
+                or any(p > 0.0 for p in self.min_p) or any(self.presence_penalty)
+                or any(self.frequency_penalty) or any(r != 1.0 for r in self.repetition_penalty))
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]  # (sampled lp, top-k) per row
+
+
+def apply_penalties_(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """OpenAI presence/frequency penalties over output tokens, and the repetition penalty
+    (CTRL: divide positive logits, multiply negative ones) over prompt and output tokens."""
+    for i in range(logits.shape[0]):
+        pres, freq, rep = (rows.presence_penalty[i], rows.frequency_penalty[i],
+                           rows.repetition_penalty[i])
+        if pres == 0.0 and freq == 0.0 and rep == 1.0:
+            continue
+        row = logits[i]
+        out_ids = torch.tensor(rows.history[i], dtype=torch.long, device=logits.device)
+        if rep != 1.0:
+            seen = torch.cat([torch.tensor(rows.prompt_ids[i], dtype=torch.long,
+                                           device=logits.device), out_ids]).unique()
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / rep, vals * rep)
+        if out_ids.numel() and (pres or freq):
+            counts = torch.bincount(out_ids, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
+            row -= freq * counts + pres * (counts > 0).to(row.dtype)
+
+
+def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """In place on temperature-scaled fp32 logits: outside top-k / top-p / min-p -> -inf."""
+    for i in range(logits.shape[0]):
+        row = logits[i]
+        k, p, mp = rows.top_k[i], rows.top_p[i], rows.min_p[i]
+        if 0 < k < row.shape[0]:
+            kth = torch.topk(row, k).values[-1]
+            row[row < kth] = float("-inf")
+        if p < 1.0:
+            sorted_vals, sorted_idx = torch.sort(row, descending=True)
+            probs = torch.softmax(sorted_vals, dim=-1)
+            cum = torch.cumsum(probs, dim=-1)
+            drop = (cum - probs) > p  # keep the smallest prefix whose mass reaches p
+            row[sorted_idx[drop]] = float("-inf")
+        if mp > 0.0:
+            probs = torch.softmax(row, dim=-1)
+            row[probs < mp * probs.max()] = float("-inf")
+
+
+def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
+           mask_rows: torch.Tensor | None, *, vocab_size: int) -> SamplerOutput:
+    """logits (N, V_logits) on the device; bitmask (M, W) int32 on the device or None;
+    mask_rows (N,) int32 row of bitmask per logits row (-1: unconstrained)."""
+    device = logits.device
+    n = logits.shape[0]
+    temperature = torch.tensor(rows.temperature, dtype=torch.float32, device=device)
+    seeds = torch.tensor(rows.seeds, dtype=torch.int64, device=device)
+    logprobs: list = [None] * n
+    if any(k >= 0 for k in rows.num_logprobs):
+        logprobs = _logprobs(logits, rows.num_logprobs)
+    if not rows.needs_slow_path:
+        ids = masked_sample(logits, bitmask, mask_rows, temperature, seeds, vocab_size=vocab_size)
+    else:
+        work = logits.float().clone()  # (N, V)
+        apply_penalties_(work, rows)
+        if bitmask is not None:
+            apply_token_bitmask_(work, bitmask, mask_rows, vocab_size=vocab_size)
+        work[:, vocab_size:] = float("-inf")  # padded embedding rows are never tokens
+        greedy = temperature <= 1e-5
+        scaled = work / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+        filter_top_k_top_p_min_p_(scaled, rows)
+        noise = gumbel_noise_ref(seeds, work.shape[1])  # (N, V)
+        noisy = torch.where(greedy[:, None], work, scaled + noise)
+        ids = noisy.argmax(dim=-1)
+    token_ids = ids.tolist()  # the one device -> host copy of the step
+    for i, lp in enumerate(logprobs):
+        if lp is not None:
+            logprobs[i] = (float(lp[0][token_ids[i]]), lp[1])
+    return SamplerOutput(token_ids, logprobs)
+
+
+def _logprobs(logits: torch.Tensor, num_logprobs: list[int]) -> list:
+    """Log-probabilities of the raw model distribution (as vLLM reports them)."""
+    out: list = [None] * logits.shape[0]
+    wanted = [i for i, k in enumerate(num_logprobs) if k >= 0]
+    lps = torch.log_softmax(logits[wanted].float(), dim=-1).cpu()
+    for j, i in enumerate(wanted):
+        k = num_logprobs[i]
+        top = []
+        if k > 0:
+            vals, idx = torch.topk(lps[j], k)
+            top = list(zip(idx.tolist(), vals.tolist()))
+        out[i] = (lps[j], top)
+    return out
