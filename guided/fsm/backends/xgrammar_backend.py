@@ -1,0 +1,103 @@
+"""xgrammar backend: JSON schema, json_object, EBNF grammar and regex constraints."""
+from __future__ import annotations
+
+import json
+
+import torch
+import xgrammar as xgr
+
+from guided.config import EngineConfig
+from guided.errors import ConstraintError
+from guided.fsm.matcher import Matcher
+from guided.fsm.schema_check import check_schema
+from guided.fsm.vocab import TokenVocab
+
+
+class XGrammarBackend:
+    """Compiles specs with one xgrammar GrammarCompiler. Thread-safe: compiles run in parallel
+    threads and release the GIL. xgrammar's own cache is off: GrammarCompiler keeps an LRU."""
+
+    name = "xgrammar"
+
+    def __init__(self, vocab: TokenVocab, config: EngineConfig):
+        self.vocab = vocab
+        self.config = config
+        self.tokenizer_info = xgr.TokenizerInfo(
+            vocab.token_bytes, xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.eos_token_ids))
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
+                                            cache_enabled=False)
+
+    def json_options(self) -> dict:
+        if self.config.any_whitespace:
+            return {"any_whitespace": True, "max_whitespace_cnt": self.config.max_whitespace}
+        return {"any_whitespace": False}  # compact separators ", " and ": "
+
+    def compile_json_schema(self, schema_text: str) -> xgr.CompiledGrammar:
+        schema = check_schema(json.loads(schema_text))
+        return self._run(lambda: self.compiler.compile_json_schema(
+            json.dumps(schema), strict_mode=False, **self.json_options()), "json_schema")
+
+    def compile_json_object(self) -> xgr.CompiledGrammar:
+        return self._run(lambda: self.compiler.compile_json_schema(
+            '{"type": "object"}', strict_mode=False, **self.json_options()), "json_object")
+
+    def compile_regex(self, pattern: str) -> xgr.CompiledGrammar:
+        return self._run(lambda: self.compiler.compile_regex(pattern), "regex")
+
+    def compile_grammar(self, ebnf: str) -> xgr.CompiledGrammar:
+        return self._run(lambda: self.compiler.compile_grammar(ebnf, root_rule_name="root"),
+                         "grammar")
+
+    @staticmethod
+    def _run(compile_fn, kind: str) -> xgr.CompiledGrammar:
+        try:
+            return compile_fn()
+        except ConstraintError:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+            message = str(e).strip().splitlines()
+            detail = message[0] if message else type(e).__name__
+            if "]" in detail and detail.startswith("["):  # drop the "[time] file.cc:line:" head
+                detail = detail.split(": ", 1)[-1]
+            raise ConstraintError(f"cannot compile {kind}: {detail}") from None
+
+
+class XGrammarMatcher(Matcher):
+    __slots__ = ("_matcher", "_num_tokens", "_eos")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab):
+        self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
+        self._num_tokens = len(vocab.token_bytes)
+        self._eos = vocab.eos_token_ids
+
+    def accept_token(self, token_id: int) -> bool:
+        if not 0 <= token_id < self._num_tokens or self._matcher.is_terminated():
+            return False
+        return self._matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._matcher.is_terminated():
+            bitmask[row].zero_()
+            return
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def forced_string(self) -> bytes:
+        if self._matcher.is_terminated():  # find_jump_forward_string raises once terminated
+            return b""
+        try:
+            return self._matcher.find_jump_forward_string().encode("utf-8", "surrogatepass")
+        except Exception:
+            return b""
+
+    def accept_bytes(self, data: bytes) -> bool:
+        if self._matcher.is_terminated():
+            return False
+        return self._matcher.accept_string(data)

@@ -1,0 +1,262 @@
+"""Asynchronous grammar compilation: an LRU of futures in front of a watchdog thread pool.
+
+Compiles run in threads because xgrammar releases the GIL while compiling (measured: a 100 ms
+compile leaves the caller's thread running) and because a compiled xgrammar grammar cannot
+cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s).
+A C++ compile cannot be interrupted, so a compile past its deadline is *abandoned*: its future
+fails with ConstraintError at once, a fresh worker replaces it, and the abandoned thread exits
+when its compile ends. At most `compile_threads` compiles may be abandoned at a time; beyond
+that no replacement is started, so runaway compiles can never hold more than
+2 x compile_threads threads (and the queue waits rather than spawning without bound).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
+from typing import Any
+
+from guided.config import EngineConfig
+from guided.errors import ConstraintError
+from guided.fsm.matcher import Matcher
+from guided.fsm.vocab import TokenVocab
+from guided.params import ConstraintSpec
+
+REGEX_BACKENDS = ("xgrammar", "outlines")
+
+
+@dataclass(eq=False)
+class CompiledGrammar:
+    spec: ConstraintSpec
+    compile_seconds: float
+    backend: str  # "xgrammar" | "outlines"
+    _make_matcher: Callable[[], Matcher] = field(repr=False)
+
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the grammar's start (cheap: the compiled grammar is shared)."""
+        return self._make_matcher()
+
+
+class GrammarCompiler:
+    """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
+
+    def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
+                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
+        if regex_backend not in REGEX_BACKENDS:
+            raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
+        from guided.fsm.backends.xgrammar_backend import XGrammarBackend
+
+        self.config = config
+        self.regex_backend = regex_backend
+        self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
+        self._xgrammar = XGrammarBackend(self.vocab, config)
+        self._outlines = None
+        self._outlines_lock = threading.Lock()
+        self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = WatchdogPool(num_workers=config.compile_threads,
+                                  timeout_s=config.compile_timeout_s)
+
+    # ---- public API ---------------------------------------------------------------------
+    def submit(self, spec: ConstraintSpec) -> Future:
+        with self._lock:
+            future = self._cache.get(spec)
+            if future is not None:
+                self._cache.move_to_end(spec)
+                return future
+            future = Future()
+            self._cache[spec] = future
+            while len(self._cache) > self.config.grammar_cache_size:
+                self._cache.popitem(last=False)  # a pending future stays alive with its waiters
+        problem = self._precheck(spec)
+        if problem is not None:
+            future.set_exception(ConstraintError(problem))
+            return future
+        self._pool.submit(future, lambda: self._compile_sync(spec), label=spec.kind)
+        return future
+
+    def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
+        """Blocking convenience for tests and the CLI."""
+        try:
+            return self.submit(spec).result(timeout=timeout)
+        except FutureTimeoutError:
+            raise ConstraintError(f"{spec.kind} did not compile within {timeout} s") from None
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()
+
+    def cache_len(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    # ---- compiling ------------------------------------------------------------------------
+    def _precheck(self, spec: ConstraintSpec) -> str | None:
+        if not isinstance(spec, ConstraintSpec):
+            return f"expected a ConstraintSpec, got {type(spec).__name__}"
+        if len(spec.value.encode("utf-8", "surrogatepass")) > self.config.max_grammar_bytes:
+            return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
+                    f"is max_grammar_bytes={self.config.max_grammar_bytes}")
+        if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar"):
+            return f"unknown constraint kind {spec.kind!r}"
+        return None
+
+    def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
+        """Runs on a pool thread. Raises ConstraintError naming the problem."""
+        from guided.fsm.backends.outlines_backend import OutlinesMatcher
+        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+        start = time.perf_counter()
+        xg, vocab = self._xgrammar, self.vocab
+        if spec.kind == "choice" or spec.kind == "regex" and self.regex_backend == "outlines":
+            backend = self._outlines_backend()
+            if spec.kind == "choice":
+                options = json.loads(spec.value)
+                if not isinstance(options, list) or not options or not all(
+                        isinstance(o, str) and o for o in options):
+                    raise ConstraintError("choice must be a non-empty list of non-empty strings")
+                index = backend.compile_choice(spec.value)
+            else:
+                index = backend.compile_regex(spec.value)
+            seconds = time.perf_counter() - start
+            return CompiledGrammar(spec, seconds, "outlines",
+                                   lambda: OutlinesMatcher(index, backend))
+        if spec.kind == "json_schema":
+            compiled = xg.compile_json_schema(spec.value)
+        elif spec.kind == "json_object":
+            compiled = xg.compile_json_object()
+        elif spec.kind == "regex":
+            compiled = xg.compile_regex(spec.value)
+        else:
+            compiled = xg.compile_grammar(spec.value)
+        seconds = time.perf_counter() - start
+        return CompiledGrammar(spec, seconds, "xgrammar",
+                               lambda: XGrammarMatcher(compiled, vocab))
+
+    def _outlines_backend(self):
+        from guided.fsm.backends.outlines_backend import OutlinesBackend
+
+        with self._outlines_lock:
+            if self._outlines is None:
+                self._outlines = OutlinesBackend(self.vocab)
+            return self._outlines
+
+
+class WatchdogPool:
+    """A bounded thread pool whose jobs have a deadline from the moment they start.
+
+    Invariants: live workers <= num_workers; abandoned (timed-out, still running) workers
+    <= num_workers; an abandoned worker rejoins the pool if it is short, else exits.
+    """
+
+    def __init__(self, *, num_workers: int, timeout_s: float):
+        self.num_workers = max(1, num_workers)
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._jobs: list[tuple[Future, Callable[[], Any], str]] = []
+        self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
+        self._running: dict[int, tuple[Future, str, int]] = {}  # worker id -> its current job
+        self._abandoned: set[int] = set()
+        self._live = 0
+        self._ids = itertools.count()
+        self._closed = False
+        for _ in range(self.num_workers):
+            self._spawn()
+        threading.Thread(target=self._watch, name="grammar-watchdog", daemon=True).start()
+
+    @property
+    def num_abandoned(self) -> int:
+        with self._cond:
+            return len(self._abandoned)
+
+    def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job") -> None:
+        with self._cond:
+            if self._closed:
+                future.set_exception(ConstraintError("the grammar compiler is shut down"))
+                return
+            self._jobs.append((future, fn, label))
+            self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            for future, _, _ in self._jobs:
+                if not future.done():
+                    future.set_exception(ConstraintError("the grammar compiler is shut down"))
+            self._jobs.clear()
+            self._cond.notify_all()
+
+    def _spawn(self) -> None:  # caller holds the lock (or is __init__)
+        self._live += 1
+        worker_id = next(self._ids)
+        threading.Thread(target=self._work, args=(worker_id,), name=f"grammar-compile-{worker_id}",
+                         daemon=True).start()
+
+    def _work(self, worker_id: int) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    self._live -= 1
+                    return
+                future, fn, label = self._jobs.pop(0)
+                if not future.set_running_or_notify_cancel():
+                    continue
+                job_id = next(self._ids)
+                self._running[worker_id] = (future, label, job_id)
+                heapq.heappush(self._deadlines,
+                               (time.monotonic() + self.timeout_s, job_id, worker_id))
+                self._cond.notify_all()  # wake the watchdog for the new deadline
+            try:
+                result, error = fn(), None
+            except ConstraintError as e:
+                result, error = None, e
+            except Exception as e:  # a backend bug must fail the request, never the engine
+                result, error = None, ConstraintError(f"{label} failed to compile: {e!r}")
+            with self._cond:
+                self._running.pop(worker_id, None)
+                if not future.done():
+                    if error is None:
+                        future.set_result(result)
+                    else:
+                        future.set_exception(error)
+                if worker_id in self._abandoned:
+                    self._abandoned.discard(worker_id)
+                    if self._live >= self.num_workers or self._closed:
+                        return
+                    self._live += 1  # the pool is short: rejoin it
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    _, job_id, worker_id = heapq.heappop(self._deadlines)
+                    self._expire(worker_id, job_id)
+                while self._deadlines and not self._is_running(*self._deadlines[0][1:]):
+                    heapq.heappop(self._deadlines)  # finished in time
+                wait = self._deadlines[0][0] - now if self._deadlines else None
+                self._cond.wait(timeout=wait)
+
+    def _is_running(self, job_id: int, worker_id: int) -> bool:
+        running = self._running.get(worker_id)
+        return running is not None and running[2] == job_id
+
+    def _expire(self, worker_id: int, job_id: int) -> None:  # caller holds the lock
+        if not self._is_running(job_id, worker_id) or worker_id in self._abandoned:
+            return
+        future, label, _ = self._running[worker_id]
+        if not future.done():
+            future.set_exception(ConstraintError(
+                f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)"))
+        self._abandoned.add(worker_id)
+        self._live -= 1
+        if len(self._abandoned) <= self.num_workers:
+            self._spawn()

@@ -1,0 +1,44 @@
+"""The one per-request grammar interface the engine sees, whatever backend serves the request."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Matcher(ABC):
+    """A grammar's state for one request.
+
+    Bitmask convention (shared with xgrammar and the sampling kernel): `bitmask` is int32
+    [num_rows, ceil(vocab_size / 32)] on the CPU; bit (id % 32) of word (id // 32) of a row is
+    set iff token `id` is allowed. EOS is allowed only where the grammar may end; ids at or past
+    the tokenizer's table (padded logits) and special tokens are never allowed.
+    """
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar does not allow it."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into bitmask[row]."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens accepted tokens (at least 64 are kept)."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted: nothing more may follow."""
+
+    @abstractmethod
+    def forced_string(self) -> bytes:
+        """Bytes the grammar forces from here (b"" if none or terminated); never raises."""
+
+    @abstractmethod
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advance by raw bytes, not tokens (tests, jump-forward). False: rejected, unchanged.
+        Bytes accepted this way cannot be rolled back token by token."""
+
+
+MAX_ROLLBACK_TOKENS = 64
