@@ -1,0 +1,327 @@
+"""The synchronous Engine in its own thread, with one asyncio stream of outputs per request.
+
+    event loop (server)                         engine thread
+    -------------------                         -------------
+    add_request() --- _Add --> commands ----->  engine.add_request()  -- accepted / error -->
+    RequestStream <-- call_soon_threadsafe ---  engine.step() outputs (copied, per request)
+    stream.abort() -- _Abort --> commands --->  engine.abort_request()
+
+Only the engine thread touches the Engine (it is not thread-safe). The thread blocks on the
+command queue when it has no work, and steps back to back while it has some. Constraints are
+compiled (awaited on the event loop) before a request reaches the engine, so the step loop
+never waits on a compile and a bad constraint fails before a stream starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from guided.errors import InvalidRequestError, OverloadedError
+from guided.outputs import EngineStats, RequestOutput
+from guided.params import ConstraintSpec, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# When the engine has unfinished requests but a step made no progress (nothing runnable), the
+# thread waits this long on the command queue instead of spinning on step().
+_NO_PROGRESS_WAIT_S = 0.005
+_STEP_FAILURE_BACKOFF_S = 0.5
+
+
+@dataclass(slots=True)
+class _Add:
+    stream: RequestStream
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float
+    accepted: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Stop:
+    deadline: float
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative outputs; coalesces what piled up, so a slow
+    consumer always sees the latest state. Ends after the finished output."""
+
+    def __init__(self, request_id: str, owner: AsyncEngine, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self._owner = owner
+        self._loop = loop
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._done = False  # consumer side: finished output seen, or aborted
+        self.last: RequestOutput | None = None
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        while not out.finished and not self._queue.empty():
+            out = self._queue.get_nowait()
+        self.last = out
+        if out.finished:
+            self._done = True
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def abort(self) -> None:
+        """Stop the request (frees its KV blocks); a no-op once it finished. Idempotent."""
+        if not self._done:
+            self._done = True
+            self._owner.abort(self.request_id)
+
+    def _push(self, out: RequestOutput) -> None:  # engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            pass
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A copy that the engine cannot mutate after it was handed to another thread."""
+    return dataclasses.replace(
+        out, token_ids=list(out.token_ids),
+        logprobs=None if out.logprobs is None else list(out.logprobs),
+        metrics=dataclasses.replace(out.metrics))
+
+
+def _final(request_id: str, last: RequestOutput | None, reason: str, error: str | None = None,
+           error_type: str | None = None) -> RequestOutput:
+    base = last or RequestOutput(request_id=request_id, prompt_token_ids=[], token_ids=[], text="")
+    return dataclasses.replace(base, finished=True, finish_reason=reason, error=error,
+                               error_type=error_type, metrics=dataclasses.replace(base.metrics))
+
+
+class AsyncEngine:
+    """Owns an Engine and the thread that drives it. Use from one asyncio event loop."""
+
+    def __init__(self, engine, *, on_finished: Callable[[RequestOutput], None] | None = None):
+        self.engine = engine
+        self.on_finished = on_finished  # called on the engine thread for each finished output
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[str, RequestStream] = {}  # engine thread only
+        self._last: dict[str, RequestOutput] = {}  # engine thread only
+        self._accepting = True
+        self._stop_deadline: float | None = None
+        self._stats: EngineStats = engine.stats()
+        self.compile_queries = 0
+        self.compile_hits = 0  # grammar ready at submit time (the compiler's cache had it)
+        self._thread = threading.Thread(target=self._run, name="guided-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config, **kwargs) -> AsyncEngine:
+        from guided.engine import Engine
+
+        return cls(Engine(config), **kwargs)
+
+    # ---- event-loop side -------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stats(self) -> EngineStats:
+        """The engine's stats as of its last step (a snapshot; never blocks on the engine)."""
+        return self._stats
+
+    async def compile(self, spec: ConstraintSpec):
+        """Compile a constraint off the event loop; raises ConstraintError for a bad one."""
+        future = self.engine.compiler.submit(spec)
+        self.compile_queries += 1
+        if future.done():
+            self.compile_hits += 1
+        return await asyncio.wrap_future(future)
+
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          *, arrival_time: float | None = None) -> RequestStream:
+        """Hand a request to the engine; raises InvalidRequestError / ConstraintError /
+        OverloadedError before any output, so a server can still answer with an error status."""
+        if not self._accepting or not self._thread.is_alive():
+            raise OverloadedError("the engine is shutting down")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        spec = params.constraint
+        if spec is not None:
+            await self.compile(spec)
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, self, loop)
+        accepted = loop.create_future()
+        self._commands.put(_Add(stream, prompt, params, arrival_time, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)  # it may have been added meanwhile: do not leak it
+            raise
+        return stream
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request; closing or cancelling the consumer aborts it."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    async def shutdown(self, drain_timeout: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort
+        the rest, and join the engine thread."""
+        self._accepting = False
+        if self._thread.is_alive():
+            self._commands.put(_Stop(time.monotonic() + drain_timeout))
+            await asyncio.to_thread(self._thread.join)
+
+    # ---- engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            has_work = self.engine.has_unfinished_requests()
+            self._drain_commands(block=not has_work and self._stop_deadline is None)
+            has_work = self.engine.has_unfinished_requests()
+            if self._stop_deadline is not None and (
+                    not has_work or time.monotonic() >= self._stop_deadline):
+                self._abort_all("abort")
+                self._refresh_stats()
+                return
+            if has_work:
+                self._step()
+            self._refresh_stats()
+
+    def _drain_commands(self, *, block: bool) -> None:
+        timeout = None
+        while True:
+            try:
+                command = self._commands.get(block=block, timeout=timeout)
+            except queue.Empty:
+                return
+            self._handle(command)
+            block = False
+
+    def _wait_for_command(self, timeout: float) -> None:
+        try:
+            command = self._commands.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._handle(command)
+
+    def _handle(self, command) -> None:
+        if isinstance(command, _Add):
+            self._handle_add(command)
+        elif isinstance(command, _Abort):
+            self._handle_abort(command.request_id)
+        elif isinstance(command, _Stop):
+            self._stop_deadline = command.deadline
+
+    def _handle_add(self, command: _Add) -> None:
+        stream, error = command.stream, None
+        if self._stop_deadline is not None:
+            error = OverloadedError("the engine is shutting down")
+        elif stream.request_id in self._live:
+            error = InvalidRequestError(f"duplicate request id {stream.request_id!r}")
+        else:
+            try:
+                self.engine.add_request(stream.request_id, command.prompt, command.params,
+                                        arrival_time=command.arrival_time)
+                self._live[stream.request_id] = stream
+            except Exception as e:  # noqa: BLE001 - any rejection goes back to the caller
+                error = e
+        _resolve(command.accepted, error)
+
+    def _handle_abort(self, request_id: str) -> None:
+        stream = self._live.pop(request_id, None)
+        if stream is None:
+            return
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            logger.exception("engine.abort_request(%r) failed", request_id)
+        stream._push(_final(request_id, self._last.pop(request_id, None), "abort"))
+        logger.debug("aborted request %s", request_id)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("engine.step() failed; failing %d in-flight request(s)",
+                             len(self._live))
+            self._abort_all("error", error=f"internal engine error: {type(e).__name__}: {e}",
+                            error_type="internal")
+            if self.engine.has_unfinished_requests():
+                self._wait_for_command(_STEP_FAILURE_BACKOFF_S)
+            return
+        if not outputs and self._stats.num_running == 0:
+            self._wait_for_command(_NO_PROGRESS_WAIT_S)
+        for out in outputs:
+            self._dispatch(out)
+
+    def _dispatch(self, out: RequestOutput) -> None:
+        out = _snapshot(out)
+        if out.finished and self.on_finished is not None:
+            try:
+                self.on_finished(out)
+            except Exception:
+                logger.exception("on_finished hook failed")
+        stream = self._live.get(out.request_id)
+        if stream is None:
+            return  # aborted meanwhile
+        if out.finished:
+            del self._live[out.request_id]
+            self._last.pop(out.request_id, None)
+        else:
+            self._last[out.request_id] = out
+        stream._push(out)
+
+    def _abort_all(self, reason: str, *, error: str | None = None,
+                   error_type: str | None = None) -> None:
+        for request_id, stream in list(self._live.items()):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:
+                logger.exception("engine.abort_request(%r) failed", request_id)
+            stream._push(_final(request_id, self._last.pop(request_id, None), reason, error,
+                                error_type))
+        self._live.clear()
+
+    def _refresh_stats(self) -> None:
+        try:
+            self._stats = self.engine.stats()
+        except Exception:
+            logger.exception("engine.stats() failed")
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (`guided serve`): app, wire protocol, tool calls, CLI."""

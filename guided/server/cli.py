@@ -1,0 +1,198 @@
+"""`guided serve | generate | bench`: the command line (also `python -m guided.server.cli`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import runpy
+import sys
+from pathlib import Path
+
+from guided.config import EngineConfig
+
+logger = logging.getLogger("guided.server")
+
+# EngineConfig fields that the CLI spells out itself (with its own help) instead of generically.
+_OWN_FLAGS = {"model"}
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null", "") else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """Every EngineConfig field as --field-name (bools as --flag / --no-flag)."""
+    group = parser.add_argument_group("engine options (EngineConfig)")
+    group.add_argument("--model", default=None,
+                       help='"default" (embedded SmolLM2-135M-Instruct), an HF directory, a '
+                            ".gguf file, or synthetic:<shape>")
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in _OWN_FLAGS or f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        type_text = str(f.type)
+        optional = "None" in type_text
+        help_text = f"default: {f.default!r}"
+        if "bool" in type_text:
+            group.add_argument(flag, dest=f.name, default=None,
+                               action=argparse.BooleanOptionalAction, help=help_text)
+            continue
+        kind = int if "int" in type_text else float if "float" in type_text else str
+        group.add_argument(flag, dest=f.name, default=None,
+                           type=_parse_optional(kind) if optional else kind, help=help_text)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="guided", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model id clients send (default: the model's own name)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--drain-timeout", type=float, default=10.0,
+                       help="seconds in-flight requests may finish at shutdown")
+    add_engine_flags(serve)
+
+    gen = sub.add_parser("generate", help="generate offline for one prompt")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="apply the chat template")
+    constraint = gen.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE")
+    constraint.add_argument("--json-object", action="store_true")
+    constraint.add_argument("--regex")
+    constraint.add_argument("--choice", help="comma-separated options")
+    constraint.add_argument("--grammar", metavar="FILE", help="an EBNF grammar file")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--log-level", default="warning",
+                     choices=["debug", "info", "warning", "error"])
+    add_engine_flags(gen, skip=frozenset({"seed"}))  # --seed is the sampling seed here
+
+    bench = sub.add_parser("bench", help="run a script of benchmarks/ (e.g. `guided bench "
+                                         "bfcl_eval --limit 20`)")
+    bench.add_argument("name", nargs="?", help="benchmark script name (without .py)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="its arguments")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "generate":
+        return generate(args)
+    return bench(args)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import uvicorn
+
+    from guided.async_engine import AsyncEngine
+    from guided.errors import InvalidRequestError
+    from guided.server.app import create_app
+
+    _setup_logging(args.log_level)
+    try:
+        config = EngineConfig.from_kwargs(**engine_kwargs(args))
+    except InvalidRequestError as e:
+        print(f"guided serve: {e}", file=sys.stderr)
+        return 2
+    engine = AsyncEngine.from_config(config)
+    _log_startup(engine.engine, f"http://{args.host}:{args.port}")
+    app = create_app(engine, served_model_name=args.served_model_name,
+                     drain_timeout=args.drain_timeout)
+    uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
+                                    log_level=args.log_level, timeout_graceful_shutdown=
+                                    int(args.drain_timeout) + 1)
+    asyncio.run(uvicorn.Server(uvicorn_config).serve())
+    return 0
+
+
+def _log_startup(core, url: str) -> None:
+    stats = core.stats()
+    config = core.config
+    device = getattr(core, "device", config.device)
+    dtype = getattr(core, "dtype", config.dtype)
+    logger.info("model %s (%s) on %s, dtype %s", core.model_name, config.model, device, dtype)
+    logger.info("KV cache: %d blocks x %d tokens = %d tokens; max_model_len %d; max_num_seqs %d",
+                stats.kv_blocks_total, config.block_size,
+                stats.kv_blocks_total * config.block_size, core.max_model_len,
+                config.max_num_seqs)
+    logger.info("serving on %s (OpenAI API at %s/v1)", url, url)
+
+
+def generate(args: argparse.Namespace) -> int:
+    from guided.llm import LLM
+    from guided.params import SamplingParams
+
+    _setup_logging(args.log_level)
+    constraint: dict = {}
+    if args.json_schema:
+        constraint["json_schema"] = json.loads(Path(args.json_schema).read_text())
+    elif args.json_object:
+        constraint["json_object"] = True
+    elif args.regex:
+        constraint["regex"] = args.regex
+    elif args.choice:
+        constraint["choice"] = [c for c in args.choice.split(",") if c]
+    elif args.grammar:
+        constraint["grammar"] = Path(args.grammar).read_text()
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                seed=args.seed, **constraint)
+        llm = LLM(**engine_kwargs(args))
+        if args.chat:
+            [out] = llm.chat([[{"role": "user", "content": args.prompt}]], params)
+        else:
+            [out] = llm.generate([args.prompt], params)
+    except ValueError as e:
+        print(f"guided generate: {e}", file=sys.stderr)
+        return 2
+    print(out.text)
+    m = out.metrics
+    print(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, "
+          f"forward_passes={m.forward_passes}, jump_forward_tokens={m.jump_forward_tokens}]",
+          file=sys.stderr)
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    scripts = sorted(p.stem for p in root.glob("*.py")) if root.is_dir() else []
+    if not args.name:
+        print("usage: guided bench NAME [ARGS...]; available: " + (", ".join(scripts) or
+                                                                  "none (no benchmarks/ here)"))
+        return 2
+    if args.name not in scripts:
+        print(f"guided bench: no benchmark {args.name!r} in {root}; available: "
+              f"{', '.join(scripts) or 'none'}", file=sys.stderr)
+        return 2
+    sys.argv = [str(root / f"{args.name}.py"), *args.rest]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

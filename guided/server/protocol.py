@@ -1,0 +1,398 @@
+"""Pydantic models of the OpenAI wire format (+ guided's extensions) and the OpenAI error body.
+
+Requests ignore unknown fields (like vLLM; the server logs them at debug). Responses are built
+with these models and serialized without None fields."""
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from guided.errors import InvalidRequestError
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+
+# ---- shared request pieces ----------------------------------------------------------------------
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Request):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class _SamplingFields(_Request):
+    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's and vLLM's)."""
+
+    model: str
+    n: int = Field(default=1, ge=1, le=16)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM-style sampling extensions
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    # constraint extensions (vLLM / SGLang names)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return v
+
+
+# ---- chat ---------------------------------------------------------------------------------------
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionDef(_Request):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+# ---- completions --------------------------------------------------------------------------------
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be an empty list")
+        return v
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class FunctionCallOut(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class ChatMessageOut(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class FunctionCallDelta(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+class ChatDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "guided"
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error(e: ValidationError) -> InvalidRequestError:
+    """The first pydantic error as an InvalidRequestError naming the offending field."""
+    err = e.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "literal["))]
+    # pydantic reports union members as extra loc entries (e.g. "str", "list[TextPart]"): drop
+    # the ones that are type names so that `param` reads like OpenAI's ("messages.0.content").
+    loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "dict")]
+    param = ".".join(loc) or None
+    msg = err.get("msg", "invalid value")
+    return InvalidRequestError(f"{param}: {msg}" if param else msg, param=param)
+
+
+def parse_request(model: type[_Request], body: Any) -> tuple[Any, list[str]]:
+    """Validate a JSON body; returns (request, names of ignored unknown top-level fields)."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    try:
+        request = model.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    return request, sorted(set(body) - known)
+
+
+# ---- logprobs in OpenAI's formats ---------------------------------------------------------------
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table of byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class TokenTexts:
+    """Token id -> its bytes and text, as OpenAI's logprobs show them (cached per id)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self._cache: dict[int, bytes] = {}
+
+    def bytes(self, token_id: int) -> bytes:
+        cached = self._cache.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if piece is None:
+            data = b""
+        elif token_id in self._special or not all(c in self._byte_of for c in piece):
+            data = self._tokenizer.decode([token_id]).encode("utf-8")
+        else:
+            data = bytes(self._byte_of[c] for c in piece)
+        self._cache[token_id] = data
+        return data
+
+    def text(self, token_id: int) -> str:
+        return self.bytes(token_id).decode("utf-8", errors="replace")
+
+
+def chat_logprobs(entries, texts: TokenTexts, num_top: int) -> ChatLogprobs:
+    """`entries`: guided.outputs.TokenLogprob list -> choices[i].logprobs of a chat response."""
+    content = []
+    for e in entries:
+        top = [TopLogprob(token=texts.text(t), logprob=lp, bytes=list(texts.bytes(t)))
+               for t, lp in e.top[:num_top]]
+        content.append(ChatTokenLogprob(token=texts.text(e.token_id), logprob=e.logprob,
+                                        bytes=list(texts.bytes(e.token_id)), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(entries, texts: TokenTexts, num_top: int, offset: int
+                        ) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for e in entries:
+        token = texts.text(e.token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(e.logprob)
+        out.top_logprobs.append({texts.text(t): lp for t, lp in e.top[:num_top]})
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
