@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_bitmask import copy_bandwidth, rotating, time_us
+from bench_bitmask import copy_bandwidth, rotating, time_graph_us, time_us
 
 from guided.kernels import attention as attn
 
@@ -59,6 +59,8 @@ def bench_case(batch: int, kv_len: int, dtype: torch.dtype, device: str, bw: flo
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     row = {"batch": batch, "kv len": kv_len,
            "ours (Triton split-K)": time_us(lambda: attn.paged_attention(**nxt()), device),
+           "ours, CUDA graph": time_graph_us(lambda s: attn.paged_attention(**s), nxt.sets,
+                                             device),
            "ours, no split": time_us(lambda: attn.paged_attention(**nxt(), num_splits=1),
                                      device)}
     row["torch ref (gather)"] = time_us(lambda: attn.paged_attention_ref(**x), device)
