@@ -28,6 +28,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     max_waiting_requests: int = 4096
+    # admission reserves KV room for up to this many future tokens per running request
+    # (LightLLM's peak estimate); 0 admits whatever fits now, as vLLM does, and relies on preemption
+    admission_lookahead_tokens: int = 1024
 
     # structured generation
     jump_forward: bool = True
@@ -67,6 +70,8 @@ class EngineConfig:
         need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")
+        need(self.admission_lookahead_tokens >= 0, "admission_lookahead_tokens must be >= 0",
+             "admission_lookahead_tokens")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
              "max_jump_forward_tokens")
 

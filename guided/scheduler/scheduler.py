@@ -131,7 +131,7 @@ class Scheduler:
         num_tokens = request.num_tokens
         # the last token is always recomputed: its logits are needed
         hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1)
-        horizon = 4 * bs * 16
+        horizon = self.config.admission_lookahead_tokens
         ok = policy.can_admit(
             prompt_blocks_needed=self.blocks.blocks_needed(num_tokens) - len(hits),
             num_free_blocks=self.blocks.num_free_blocks - self._num_free_hits(hits),

@@ -1,0 +1,110 @@
+"""Engine behaviour with the real default model on the CPU: sampling, stops, aborts, no leaks."""
+from __future__ import annotations
+
+import pytest
+
+from guided import LLM, InvalidRequestError, SamplingParams
+
+PROMPT = [{"role": "user", "content": "Tell me a story about a dragon."}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(num_kv_blocks=96, max_num_seqs=8)
+
+
+def prompt_ids(llm: LLM) -> list[int]:
+    return llm.apply_chat_template(PROMPT)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
+    p = SamplingParams(max_tokens=12, temperature=1.0, seed=1234, ignore_eos=True)
+    alone = llm.generate(prompt_ids(llm), p)[0]
+    batch = llm.generate([prompt_ids(llm)] * 3, [p, SamplingParams(max_tokens=5, seed=7), p])
+    assert batch[0].token_ids == alone.token_ids == batch[2].token_ids
+    other = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=12, seed=99,
+                                                         ignore_eos=True))[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(llm):
+    greedy = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=8, temperature=0))[0]
+    top_k = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=8, top_k=1, seed=3))[0]
+    top_p = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=8, top_p=1e-6, seed=4))[0]
+    assert greedy.token_ids == top_k.token_ids == top_p.token_ids
+
+
+def test_penalties_change_the_output(llm):
+    base = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = llm.generate(prompt_ids(llm), base)[0]
+    rep = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=24, temperature=0,
+                                                       ignore_eos=True,
+                                                       frequency_penalty=2.0,
+                                                       repetition_penalty=1.5))[0]
+    assert rep.token_ids != plain.token_ids
+    assert len(set(rep.token_ids)) >= len(set(plain.token_ids))
+
+
+def test_stop_string_truncates_and_max_tokens_limits(llm):
+    out = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=40, temperature=0,
+                                                       ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 40
+    word = out.text.split()[3]
+    stopped = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=40, temperature=0,
+                                                           stop=[word]))[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == word
+    assert stopped.text == out.text[:out.text.index(word)]
+    zero = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=0))[0]
+    assert zero.finish_reason == "length" and zero.token_ids == []
+
+
+def test_logprobs(llm):
+    out = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=5, temperature=0, logprobs=3,
+                                                       ignore_eos=True))[0]
+    assert len(out.logprobs) == 5
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == tok and lp.logprob <= 0
+        assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy: the sampled token is the best
+
+
+def test_bad_input_raises_clear_errors(llm):
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.generate([[]], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate([[1, 2, 10**6]], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="context"):
+        llm.generate([[5] * 9000], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+    # the engine is unharmed
+    assert llm.generate(prompt_ids(llm), SamplingParams(max_tokens=2))[0].finish_reason
+
+
+def test_no_block_leaks_after_finish_abort_and_preemption():
+    llm = LLM(num_kv_blocks=10, max_num_seqs=8, admission_lookahead_tokens=0,
+              enable_prefix_caching=False)
+    engine = llm.engine
+    ids = prompt_ids(llm)
+    for i in range(6):
+        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=30 + 5 * i, ignore_eos=True,
+                                                        seed=i))
+    steps = 0
+    finished = set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished.add(out.request_id)
+        steps += 1
+        if steps == 3:
+            engine.abort_request("r1")  # running
+            engine.abort_request("r5")  # still waiting
+        if steps == 12:
+            engine.abort_request("r2")
+    assert finished == {f"r{i}" for i in range(6)}
+    stats = engine.stats()
+    assert stats.preemptions_total > 0
+    assert stats.requests_finished_total == {"abort": 3, "length": 3}
+    assert stats.kv_blocks_in_use == 0
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_count == 0 for b in bm.blocks)
