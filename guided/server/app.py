@@ -28,8 +28,7 @@ from guided.server.tools import (
     ToolCallStreamer,
     ToolPlan,
     build_messages,
-    is_tool_output,
-    parse_tool_calls,
+    parse_output,
     plan_tools,
     template_supports_tools,
 )
@@ -57,6 +56,7 @@ class Job:
     plan: ToolPlan | None = None
     num_top: int = 0
     echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
+    constraint_param: str | None = None  # the field the constraint came from (for 400s)
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
@@ -85,7 +85,7 @@ class Server:
     def __init__(self, engine: AsyncEngine, *, served_model_name: str | None = None):
         self.engine = engine
         core = engine.engine
-        self.model_name = served_model_name or core.model_name
+        self.model_name = served_model_name or _model_id(core.model_name)
         self.accepted_models = {self.model_name, "default", str(core.config.model),
                                 str(core.model_name)}
         self.max_model_len = core.max_model_len
@@ -124,7 +124,7 @@ class Server:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
-        job = Job(_new_id("chatcmpl"), req.model, [ids], [], [], plan, num_top)
+        job = Job(_new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top)
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         return job
 
@@ -133,7 +133,7 @@ class Server:
         if req.suffix:
             raise InvalidRequestError("suffix is not supported", param="suffix")
         num_top = req.logprobs or 0
-        job = Job(_new_id("cmpl"), req.model, [], [], [], None, num_top)
+        job = Job(_new_id("cmpl"), self.model_name, [], [], [], None, num_top)
         for k, prompt in enumerate(req.prompts()):
             if isinstance(prompt, str):
                 ids = self.tokenizer.encode(prompt)
@@ -169,7 +169,7 @@ class Server:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} in the completion).", param="max_tokens")
-        constraint = _constraint(req, tool_constraint)
+        job.constraint_param, constraint = _constraint(req, tool_constraint)
         for i in range(req.n):
             job.params.append(SamplingParams(
                 max_tokens=max_tokens,
@@ -190,12 +190,17 @@ class Server:
 
     async def start(self, job: Job) -> list[RequestStream]:
         """Compile the constraint (a bad one: ConstraintError, a 400) and add every choice."""
-        spec = job.params[0].constraint
-        if spec is not None:
-            try:
+        try:
+            spec = job.params[0].constraint
+            if spec is not None:
                 await asyncio.wait_for(self.engine.compile(spec), self.compile_timeout_s + 5.0)
-            except asyncio.TimeoutError:
-                raise ConstraintError("compiling the constraint timed out") from None
+        except asyncio.TimeoutError:
+            raise ConstraintError("compiling the constraint timed out",
+                                  param=job.constraint_param) from None
+        except ConstraintError as e:
+            if e.param is None:
+                e.param = job.constraint_param
+            raise
         streams: list[RequestStream] = []
         try:
             for i, params in enumerate(job.params):
@@ -272,8 +277,8 @@ class Server:
     def chat_response(self, job: Job, outs: list[RequestOutput]) -> P.ChatCompletionResponse:
         choices = []
         for i, out in enumerate(outs):
-            calls = parse_tool_calls(job.plan, out.text) if job.plan else None
-            message = P.ChatMessageOut(content=None if calls else out.text,
+            content, calls = parse_output(job.plan, out.text) if job.plan else (out.text, None)
+            message = P.ChatMessageOut(content=content,
                                        tool_calls=_tool_calls_out(calls) if calls else None)
             logprobs = P.chat_logprobs(out.logprobs or [], self.texts, job.num_top) \
                 if job.params[i].logprobs is not None else None
@@ -301,11 +306,12 @@ class Server:
                 yield _sse(_error_payload(out))
                 return
             text, delta = _visible(out), P.ChatDelta()
-            tool_mode = streamers[i] is not None and is_tool_output(job.plan, text)
-            if tool_mode:
+            if streamers[i] is not None:
+                content, tool_deltas = streamers[i].deltas(text)
+                delta.content = content or None
                 delta.tool_calls = [P.ToolCallDelta.model_validate(d)
-                                    for d in streamers[i].deltas(text)] or None
-            elif tool_mode is False or streamers[i] is None:
+                                    for d in tool_deltas] or None
+            else:
                 delta.content = text[sent_text[i]:] or None
                 sent_text[i] = len(text)
             new_entries = (out.logprobs or [])[sent_tokens[i]:]
@@ -377,11 +383,22 @@ class Server:
 
 # ---- helpers ------------------------------------------------------------------------------------
 
+def _model_id(name: str) -> str:
+    """The id /v1/models shows: the embedded default model by its own name."""
+    if name in ("default", ""):
+        try:
+            from guided.worker.loader import DEFAULT_GGUF_NAME
+        except ImportError:
+            return "default"
+        return DEFAULT_GGUF_NAME.split(".")[0]
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
 def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _constraint(req, tool_constraint: dict) -> dict:
+def _constraint(req, tool_constraint: dict) -> tuple[str | None, dict]:
     """The one constraint of a request as SamplingParams kwargs; more than one: a 400."""
     found: list[tuple[str, dict]] = []
     if tool_constraint:
@@ -401,7 +418,7 @@ def _constraint(req, tool_constraint: dict) -> dict:
         raise InvalidRequestError(
             f"at most one constraint per request; got {[name for name, _ in found]}",
             param=found[1][0])
-    return found[0][1] if found else {}
+    return found[0] if found else (None, {})
 
 
 def _tool_calls_out(calls: list[ParsedCall]) -> list[P.ToolCallOut]:

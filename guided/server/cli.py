@@ -133,8 +133,9 @@ def serve(args: argparse.Namespace) -> int:
 def _log_startup(core, url: str) -> None:
     stats = core.stats()
     config = core.config
-    device = getattr(core, "device", config.device)
-    dtype = getattr(core, "dtype", config.dtype)
+    runner = getattr(core, "runner", None)
+    device = getattr(runner, "device", config.device)
+    dtype = str(getattr(runner, "dtype", config.dtype)).removeprefix("torch.")
     logger.info("model %s (%s) on %s, dtype %s", core.model_name, config.model, device, dtype)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens; max_model_len %d; max_num_seqs %d",
                 stats.kv_blocks_total, config.block_size,

@@ -11,7 +11,7 @@ from guided.server.protocol import ChatMessage, NamedToolChoice, Tool
 from guided.server.tools import (
     ToolCallStreamer,
     build_messages,
-    parse_tool_calls,
+    parse_output,
     plan_tools,
     render_tools_prompt,
     scan_calls,
@@ -58,110 +58,102 @@ def test_bad_tool_choice(tool_list, choice, param):
 def test_named_schema_is_one_call_of_that_tool():
     plan = plan_tools(TOOLS, named("add"))
     schema = plan.constraint["json_schema"]
-    jsonschema.validate({"name": "add", "arguments": {"a": 1, "b": 2}}, schema)
+    jsonschema.validate({"name": "add", "parameters": {"a": 1, "b": 2}}, schema)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"name": "get_weather", "arguments": {"city": "x"}}, schema)
+        jsonschema.validate({"name": "get_weather", "parameters": {"city": "x"}}, schema)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"name": "add", "arguments": {"a": 1}}, schema)
+        jsonschema.validate({"name": "add", "parameters": {"a": 1}}, schema)
 
 
 def test_required_parallel_is_a_non_empty_array_of_any_tool():
     plan = plan_tools(TOOLS, "required", True)
     schema = plan.constraint["json_schema"]
-    jsonschema.validate([{"name": "add", "arguments": {"a": 1, "b": 2}},
-                         {"name": "get_weather", "arguments": {"city": "Oslo"}}], schema)
+    jsonschema.validate([{"name": "add", "parameters": {"a": 1, "b": 2}},
+                         {"name": "get_weather", "parameters": {"city": "Oslo"}}], schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([], schema)
     single = plan_tools(TOOLS, "required", False).constraint["json_schema"]
-    jsonschema.validate({"name": "get_weather", "arguments": {"city": "Oslo"}}, single)
+    jsonschema.validate({"name": "get_weather", "parameters": {"city": "Oslo"}}, single)
 
 
 def test_missing_parameters_means_an_object():
     plan = plan_tools(tools(("ping", None)), "required", False)
-    jsonschema.validate({"name": "ping", "arguments": {}}, plan.constraint["json_schema"])
+    jsonschema.validate({"name": "ping", "parameters": {}}, plan.constraint["json_schema"])
 
 
-def _matcher_accepts(grammar: str, text: str) -> bool:
-    xgr = pytest.importorskip("xgrammar")
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    # character-level vocabulary: enough to drive the matcher with accept_string
-    vocab = {chr(i): i for i in range(32, 127)} | {"\n": 10, "</s>": 0}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[])),
-                                  eos_token="</s>")
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(vocab) + 32)
-    compiled = xgr.GrammarCompiler(info).compile_grammar(grammar)
-    matcher = xgr.GrammarMatcher(compiled)
-    return matcher.accept_string(text) and (matcher.is_terminated() or matcher.accept_token(0))
-
-
-AUTO_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-AUTO_TWO = AUTO_CALL + '\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+def test_auto_schema_admits_calls_arrays_and_text():
+    schema = plan_tools(TOOLS, "auto", True).constraint["json_schema"]
+    jsonschema.validate({"name": "add", "parameters": {"a": 1, "b": 2}}, schema)
+    jsonschema.validate([{"name": "add", "parameters": {"a": 1, "b": 2}},
+                         {"name": "get_weather", "parameters": {"city": "Oslo"}}], schema)
+    jsonschema.validate({"content": "hello"}, schema)
+    for bad in ({"name": "nope", "parameters": {}}, {"content": 1}, "text",
+                {"name": "add", "parameters": {"a": 1, "b": 2, "c": 3}}):  # closed objects
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    single = plan_tools(TOOLS, "auto", False).constraint["json_schema"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "add", "parameters": {"a": 1, "b": 2}}], single)
 
 
-@pytest.mark.parametrize("text,parallel,ok", [
-    ("The weather is nice.", True, True),
-    (AUTO_CALL, False, True),
-    (AUTO_TWO, True, True),
-    (AUTO_TWO, False, False),
-    ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', True, False),
-    ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', True, False),
-    (" leading space", True, False),
-])
-def test_auto_grammar(text, parallel, ok):
-    grammar = plan_tools(TOOLS, "auto", parallel).constraint["grammar"]
-    assert _matcher_accepts(grammar, text) is ok
+def test_tool_schemas_pass_the_fail_closed_check():
+    check_schema = pytest.importorskip("guided.fsm.schema_check").check_schema
+    for choice in ("auto", "required", named("add")):
+        check_schema(plan_tools(TOOLS, choice, True).constraint["json_schema"])
 
 
-def test_auto_grammar_tool_named_like_a_rule():
-    grammar = plan_tools(tools(("root", ADD)), "auto").constraint["grammar"]
-    assert _matcher_accepts(
-        grammar, '<tool_call>\n{"name": "root", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+AUTO_TWO = ('[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+            '{"name": "add", "parameters": {"a": 1, "b": 2}}]')
 
 
 def test_parse_auto_text_and_calls():
     plan = plan_tools(TOOLS, "auto", True)
-    assert parse_tool_calls(plan, "Just text {not a call}") is None
-    calls = parse_tool_calls(plan, AUTO_TWO)
-    assert [c.name for c in calls] == ["get_weather", "add"]
+    assert parse_output(plan, '{"content": "Just text {not a call} \\u00e9"}') == (
+        "Just text {not a call} \u00e9", None)
+    content, calls = parse_output(plan, AUTO_TWO)
+    assert content is None and [c.name for c in calls] == ["get_weather", "add"]
     assert json.loads(calls[1].arguments) == {"a": 1, "b": 2}
     assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
+    _, [call] = parse_output(plan, '{"name": "add", "parameters": {"a": 1, "b": 2}}')
+    assert call.name == "add"
+    assert parse_output(plan, '{"content": "cut sho') == ("cut sho", None)
 
 
 def test_parse_json_forms_and_truncation():
     plan = plan_tools(TOOLS, "required", True)
-    text = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather", ' \
-           '"arguments": {"city": "a \\"quoted\\" {city}"}}]'
-    calls = parse_tool_calls(plan, text)
+    text = '[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "get_weather", ' \
+           '"parameters": {"city": "a \\"quoted\\" {city}"}}]'
+    _, calls = parse_output(plan, text)
     assert json.loads(calls[1].arguments) == {"city": 'a "quoted" {city}'}
-    assert parse_tool_calls(plan, text[:30]) is None  # cut by max_tokens
+    assert parse_output(plan, text[:30]) == (text[:30], None)  # cut by max_tokens
     named_plan = plan_tools(TOOLS, named("add"))
-    assert parse_tool_calls(named_plan, '{ "name" : "add" , "arguments" : {"a":1,"b":2} }')[0] \
-        .arguments == '{"a":1,"b":2}'
+    _, [call] = parse_output(named_plan, '{ "name" : "add" , "parameters" : {"a":1,"b":2} }')
+    assert call.arguments == '{"a":1,"b":2}'
 
 
 def test_scan_calls_partial():
-    spans = scan_calls('[{"name": "add", "arguments": {"a": 1')
+    spans = scan_calls('[{"name": "add", "parameters": {"a": 1')
     assert spans[0].name == "add" and spans[0].args_end is None and not spans[0].complete
 
 
 @pytest.mark.parametrize("text,plan_args", [
     (AUTO_TWO, ("auto", True)),
-    (('[{"name": "add", "arguments": {"a": 10, "b": 20}}, {"name": "get_weather", '
-     '"arguments": {"city": "S\\u00e3o Paulo  ", "unit": "c"}}]'), ("required", True)),
+    (('[{"name": "add", "parameters": {"a": 10, "b": 20}}, {"name": "get_weather", '
+     '"parameters": {"city": "S\\u00e3o Paulo  ", "unit": "c"}}]'), ("required", True)),
 ])
 def test_streamed_arguments_join_to_the_final_ones(text, plan_args):
     plan = plan_tools(TOOLS, *plan_args)
     streamer = ToolCallStreamer(plan)
     names, args = {}, {}
     for k in range(1, len(text) + 1):  # one character per step
-        for d in streamer.deltas(text[:k]):
+        content, deltas = streamer.deltas(text[:k])
+        assert content == ""
+        for d in deltas:
             if "name" in d["function"]:
                 names[d["index"]] = d["function"]["name"]
                 assert d["id"].startswith("call_")
             args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
-    final = parse_tool_calls(plan, text)
+    _, final = parse_output(plan, text)
     assert [names[i] for i in sorted(names)] == [c.name for c in final]
     assert [args[i] for i in sorted(args)] == [c.arguments for c in final]
 
@@ -174,9 +166,8 @@ def test_build_messages_renders_tools_without_native_support():
             ChatMessage(role="tool", tool_call_id="c1", content="3")]
     out = build_messages(msgs, plan, native_tools=False)
     assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.")
-    assert "<tools>" in out[0]["content"] and '"get_weather"' in out[0]["content"]
-    assert out[2]["content"].startswith("<tool_call>\n") and '"arguments": {"a": 1' in \
-        out[2]["content"]
+    assert "Functions:" in out[0]["content"] and '"get_weather"' in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"name": "add", "parameters": {"a": 1, "b": 2}}
     assert out[3] == {"role": "user", "content": "<tool_response>\n3\n</tool_response>"}
     assert all(isinstance(m["content"], str) for m in out)
 
@@ -190,5 +181,18 @@ def test_build_messages_native_keeps_tool_fields():
 
 
 def test_prompt_mentions_the_output_format():
-    assert "<tool_call>" in render_tools_prompt(plan_tools(TOOLS, "auto"))
+    auto = render_tools_prompt(plan_tools(TOOLS, "auto"))
+    assert '"content"' in auto and '"get_weather"' in auto
     assert "JSON list" in render_tools_prompt(plan_tools(TOOLS, "required", True))
+    assert "Call the function add" in render_tools_prompt(plan_tools(TOOLS, named("add")))
+
+
+def test_streamed_auto_text_is_unwrapped():
+    plan = plan_tools(TOOLS, "auto", True)
+    text = '{"content": "caf\\u00e9 \\ud83d\\ude00 \\"ok\\"\\n"}'
+    streamer, got = ToolCallStreamer(plan), ""
+    for k in range(1, len(text) + 1):
+        content, deltas = streamer.deltas(text[:k])
+        assert deltas == [] and "\ufffd" not in content
+        got += content
+    assert got == json.loads(text)["content"] == parse_output(plan, text)[0]
