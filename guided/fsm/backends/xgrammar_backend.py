@@ -36,7 +36,7 @@ class XGrammarBackend:
     def compile_json_schema(self, schema_text: str) -> xgr.CompiledGrammar:
         schema = check_schema(json.loads(schema_text))
         return self._run(lambda: self.compiler.compile_json_schema(
-            json.dumps(schema), strict_mode=False, **self.json_options()), "json_schema")
+            json.dumps(schema), strict_mode=True, **self.json_options()), "json_schema")
 
     def compile_json_object(self) -> xgr.CompiledGrammar:
         return self._run(lambda: self.compiler.compile_json_schema(
