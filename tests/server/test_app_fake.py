@@ -1,0 +1,112 @@
+"""The app on a scripted fake engine (no model): SSE framing, UTF-8 hold-back, errors, 503."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fastapi.testclient import TestClient
+
+from guided.async_engine import AsyncEngine
+from guided.params import SamplingParams
+from guided.server.app import create_app
+
+
+@pytest.fixture
+def http():
+    engine = AsyncEngine(FakeEngine(max_waiting=4))
+    with TestClient(create_app(engine, drain_timeout=0)) as client:
+        yield client
+
+
+def ask(text, **kw):
+    return {"model": "default", "messages": [{"role": "user", "content": f"ECHO:{text}"}], **kw}
+
+
+def sse(response):
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_chat_non_streaming(http):
+    r = http.post("/v1/chat/completions", json=ask("hello"))
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 5
+
+
+def test_stream_framing_and_utf8_hold_back(http):
+    r = http.post("/v1/chat/completions", json=ask("héllo wörld 😀", stream=True,
+                                                   stream_options={"include_usage": True}))
+    chunks = sse(r)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == "héllo wörld 😀"
+    assert [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+def test_streamed_tool_call_from_the_fake(http):
+    call = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    body = ask(call, stream=True, tool_choice="required", parallel_tool_calls=False, tools=[
+        {"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"},
+                                             "b": {"type": "integer"}}}}}])
+    chunks = sse(http.post("/v1/chat/completions", json=body))
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or []]
+    assert deltas[0]["function"]["name"] == "add" and deltas[0]["id"].startswith("call_")
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"a": 1, "b": 2}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_engine_failure_mid_stream_is_an_error_event(http):
+    r = http.post("/v1/chat/completions", json=ask("RAISE", stream=True))
+    events = [line for line in r.text.split("\n\n") if line]
+    assert json.loads(events[-1][len("data: "):])["error"]["type"] == "internal_error"
+    r = http.post("/v1/chat/completions", json=ask("RAISE"))
+    assert r.status_code == 500 and r.json()["error"]["message"]
+    assert http.post("/v1/chat/completions", json=ask("ok")).status_code == 200
+
+
+def test_max_tokens_zero_and_n(http):
+    body = http.post("/v1/completions", json={"model": "default", "prompt": "ECHO:abc",
+                                              "max_tokens": 0, "n": 2}).json()
+    assert [c["text"] for c in body["choices"]] == ["", ""]
+    assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
+    body = http.post("/v1/completions", json={"model": "default", "prompt": "ECHO:abc",
+                                              "n": 3, "echo": True}).json()
+    assert [c["text"] for c in body["choices"]] == ["ECHO:abcabc"] * 3
+
+
+def test_overload_is_503(http):
+    engine = http.app.state.server.engine
+
+    async def fill():
+        for i in range(4):  # the fake's queue holds 4
+            await engine.add_request(f"s{i}", "ECHO:SLOW", SamplingParams())
+
+    asyncio.run(fill())
+    r = http.post("/v1/chat/completions", json=ask("x"))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+
+
+def test_logprobs_formats(http):
+    body = http.post("/v1/chat/completions", json=ask("ab", logprobs=True,
+                                                      top_logprobs=1)).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in content] == ["a", "b"] and content[0]["bytes"] == [97]
+    body = http.post("/v1/completions", json={"model": "default", "prompt": "ECHO:ab",
+                                              "logprobs": 1}).json()
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["a", "b"] and lp["text_offset"] == [0, 1]
+
+
+def test_unknown_route_and_model(http):
+    assert http.get("/nope").json()["error"]["code"] == 404
+    r = http.post("/v1/chat/completions", json={**ask("x"), "model": "other"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
