@@ -35,8 +35,8 @@ class EngineConfig:
     # structured generation
     jump_forward: bool = True
     max_jump_forward_tokens: int = 32
-    any_whitespace: bool = True
-    max_whitespace: int = 2  # longest run of whitespace between JSON tokens; bounded by default
+    any_whitespace: bool = False  # compact JSON separators: bounded, and long forced strings
+    max_whitespace: int = 2  # with any_whitespace: the longest whitespace run between JSON tokens
     compile_threads: int = 4
     compile_timeout_s: float = 30.0
     grammar_cache_size: int = 512

@@ -225,8 +225,9 @@ class Engine:
         if room <= 0:
             return
         try:
-            drafts = propose_draft_tokens(self.tokenizer, request.matcher,
-                                          request.output_token_ids, max_tokens=room)
+            drafts = propose_draft_tokens(self.tokenizer, self.compiler.vocab.token_bytes,
+                                          request.matcher, request.output_token_ids,
+                                          max_tokens=room)
         except Exception:  # noqa: BLE001 - a failed proposal only costs the speed-up
             log.exception("jump-forward proposal failed for %s", request.request_id)
             drafts = []

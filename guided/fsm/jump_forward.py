@@ -1,0 +1,87 @@
+"""Jump-forward: the grammar's forced continuation as canonical tokens, proposed as drafts.
+
+The engine feeds the drafts in one forward pass after the last sampled token and keeps each
+one only if the model, under the same mask and seed, samples it there (speculative
+verification). So outputs equal those without jump-forward; what is saved is one forward pass
+per accepted draft. Proposals therefore aim to be the tokens the model itself would pick:
+
+- canonical: the forced text is tokenized together with the boundary (the last few generated
+  tokens), so a forced string that merges with the previous token yields the merged tokens
+  the tokenizer (and hence the model) prefers; a merge that would rewrite an already generated
+  token cannot be drafted (those tokens are committed), and the forced text is then tokenized
+  on its own after the boundary;
+- never across the prompt boundary: only generated tokens are context;
+- whole characters only: a forced string is cut at the last complete UTF-8 character, and a
+  boundary that ends inside a character is skipped;
+- grammatical: each draft is checked against the matcher (and the matcher walked back), so a
+  draft can never be rejected by the grammar during verification.
+"""
+from __future__ import annotations
+
+from guided.fsm.matcher import Matcher
+
+MAX_BOUNDARY_TOKENS = 4
+
+
+def complete_utf8_prefix(data: bytes) -> bytes:
+    """The longest prefix of data that ends on a UTF-8 character boundary."""
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            data[:cut].decode("utf-8")
+            return data[:cut]
+        except UnicodeDecodeError:
+            continue
+    return b""
+
+
+def _decodes(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def retokenize(tokenizer, token_bytes: list[bytes], output_ids: list[int], forced: bytes
+               ) -> list[int]:
+    """Canonical token ids for `forced` following the generated tokens `output_ids`."""
+    forced_text = _decodes(complete_utf8_prefix(forced))
+    if not forced_text:
+        return []
+    boundary = output_ids[-MAX_BOUNDARY_TOKENS:]
+    for start in range(len(boundary)):  # the longest boundary that is whole characters
+        context = _decodes(b"".join(token_bytes[t] for t in boundary[start:]))
+        if context is None:
+            continue
+        ids = tokenizer.encode(context + forced_text, add_special_tokens=False)
+        kept = boundary[start:]
+        if ids[:len(kept)] == kept:
+            return ids[len(kept):]
+        break  # the forced text merges into committed tokens: tokenize it on its own
+    if boundary and _decodes(b"".join(token_bytes[t] for t in boundary[-1:])) is None:
+        return []  # the last token ends inside a character: wait for it to complete
+    return tokenizer.encode(forced_text, add_special_tokens=False)
+
+
+def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
+    """The longest prefix of draft_ids the matcher accepts; the matcher is left unchanged."""
+    accepted = 0
+    for token in draft_ids:
+        if not matcher.accept_token(token):
+            break
+        accepted += 1
+        if matcher.is_terminated():
+            break
+    matcher.rollback(accepted)
+    return draft_ids[:accepted]
+
+
+def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
+                         output_ids: list[int], *, max_tokens: int) -> list[int]:
+    """Draft tokens for the forced continuation at the matcher's state ([] if none)."""
+    if max_tokens <= 0 or matcher.is_terminated():
+        return []
+    forced = matcher.forced_string()
+    if not forced:
+        return []
+    draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens]
+    return grammatical_prefix(matcher, draft) if draft else []
