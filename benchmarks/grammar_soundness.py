@@ -110,13 +110,17 @@ def _normalize_numbers(value):
 class Checker:
     """Per-process state: one compiler, one tokenizer."""
 
-    def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float):
+    def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
+                 tokenizer=None):
         from guided.config import EngineConfig
         from guided.fsm.compiler import GrammarCompiler
-        sys.path.insert(0, str(ROOT / "tests" / "fsm"))
-        from conftest import load_test_tokenizer
 
-        self.tokenizer = load_test_tokenizer()
+        if tokenizer is None:
+            sys.path.insert(0, str(ROOT / "tests" / "fsm"))
+            from conftest import load_test_tokenizer
+
+            tokenizer = load_test_tokenizer()
+        self.tokenizer = tokenizer
         config = EngineConfig(any_whitespace=any_whitespace, max_whitespace=max_whitespace,
                               compile_timeout_s=timeout_s, compile_threads=1,
                               grammar_cache_size=4)
@@ -125,6 +129,9 @@ class Checker:
         self.eos = self.compiler.vocab.eos_token_ids[0]
         self.mode = mode
         self.any_whitespace = any_whitespace
+
+    def close(self) -> None:
+        self.compiler.shutdown()
 
     def accepts(self, grammar, text: str) -> bool:
         matcher = grammar.matcher()
@@ -195,6 +202,8 @@ _checker: Checker | None = None
 def _init(mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float) -> None:
     global _checker
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # xgrammar's C++ warnings (ignored anchors, ...) flood stderr
     _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s)
 
 

@@ -32,11 +32,11 @@ def _get_pool(num_threads: int) -> ThreadPoolExecutor:
 
 
 def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
-                  num_threads: int) -> None:
+                  num_threads: int, min_parallel_rows: int = PARALLEL_THRESHOLD) -> None:
     """bitmask: int32 (N, ceil(vocab_size / 32)) on the CPU; items: (matcher, row) pairs."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.device.type != "cpu":
         raise ValueError("bitmask must be a 2-D int32 CPU tensor")
-    if num_threads <= 1 or len(items) < PARALLEL_THRESHOLD:
+    if num_threads <= 1 or len(items) < max(2, min_parallel_rows):
         for matcher, row in items:
             matcher.fill_bitmask(bitmask, row)
         return

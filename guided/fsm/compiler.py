@@ -7,7 +7,7 @@ A C++ compile cannot be interrupted, so a compile past its deadline is *abandone
 fails with ConstraintError at once, a fresh worker replaces it, and the abandoned thread exits
 when its compile ends. At most `compile_threads` compiles may be abandoned at a time; beyond
 that no replacement is started, so runaway compiles can never hold more than
-2 x compile_threads threads (and the queue waits rather than spawning without bound).
+2 x compile_threads threads (the queue waits rather than spawning without bound).
 """
 from __future__ import annotations
 
@@ -151,8 +151,9 @@ class GrammarCompiler:
 class WatchdogPool:
     """A bounded thread pool whose jobs have a deadline from the moment they start.
 
-    Invariants: live workers <= num_workers; abandoned (timed-out, still running) workers
-    <= num_workers; an abandoned worker rejoins the pool if it is short, else exits.
+    Invariants: live workers <= num_workers; live + abandoned (timed out, still running)
+    <= 2 x num_workers, so stuck compiles shrink the pool rather than grow the thread count;
+    an abandoned worker rejoins the pool when its compile ends if the pool is short, else exits.
     """
 
     def __init__(self, *, num_workers: int, timeout_s: float):
@@ -174,6 +175,12 @@ class WatchdogPool:
     def num_abandoned(self) -> int:
         with self._cond:
             return len(self._abandoned)
+
+    @property
+    def num_threads(self) -> int:
+        """Worker threads alive: never more than 2 x num_workers."""
+        with self._cond:
+            return self._live + len(self._abandoned)
 
     def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job") -> None:
         with self._cond:
@@ -258,5 +265,5 @@ class WatchdogPool:
                 f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)"))
         self._abandoned.add(worker_id)
         self._live -= 1
-        if len(self._abandoned) <= self.num_workers:
+        if self._live + len(self._abandoned) < 2 * self.num_workers:
             self._spawn()

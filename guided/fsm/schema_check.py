@@ -290,7 +290,7 @@ class _Rewriter:
     def _rewrite_string(self, node: dict, pointer: str) -> None:
         pattern, fmt = node.get("pattern"), node.get("format")
         if pattern is not None:
-            if _BAD_REGEX.search(pattern):
+            if _BAD_REGEX.search(pattern) or _misplaced_anchor(pattern):
                 raise _refuse("pattern", pointer, f"regex {pattern!r} uses syntax (lookaround, "
                               f"\\b, \\p, backreferences, or negated \\d \\w \\s classes) that "
                               f"cannot be enforced exactly")
@@ -364,6 +364,30 @@ class _Rewriter:
         if "prefixItems" in node:
             node["prefixItems"] = [self.rewrite(s, f"{pointer}/prefixItems/{i}")
                                    for i, s in enumerate(node["prefixItems"])]
+
+
+def _misplaced_anchor(pattern: str) -> bool:
+    """True if ^ or $ (outside classes) sits where it is not the start/end of an alternative:
+    xgrammar drops such anchors, which would widen the language (e.g. 'a$b' matches nothing)."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":
+                i += 2 if pattern[i + 1] == "]" else 3
+                continue
+        elif c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|"):
+            return True
+        elif c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|"):
+            return True
+        i += 1
+    return False
 
 
 def _may_be(node: dict, type_name: str) -> bool:

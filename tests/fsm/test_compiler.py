@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from guided.config import EngineConfig
+from guided.errors import ConstraintError
+from guided.fsm.compiler import CompiledGrammar, GrammarCompiler, WatchdogPool
+from guided.params import ConstraintSpec
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer):
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(compile_threads=2))
+    yield c
+    c.shutdown()
+
+
+SPECS = [
+    ConstraintSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                "required": ["n"]}),
+    ConstraintSpec("json_object", ""),
+    ConstraintSpec("regex", "[0-9]{3}-[a-z]+"),
+    ConstraintSpec.choice(["red", "green"]),
+    ConstraintSpec("grammar", 'root ::= "(" [a-z]+ ")"'),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
+def test_each_kind_compiles(compiler, spec):
+    grammar = compiler.compile(spec, timeout=60)
+    assert isinstance(grammar, CompiledGrammar) and grammar.compile_seconds >= 0
+    assert grammar.backend == ("outlines" if spec.kind == "choice" else "xgrammar")
+
+
+def test_cache_hit_is_done_future(compiler):
+    spec = ConstraintSpec("regex", "cache[0-9]+")
+    first = compiler.compile(spec, timeout=60)
+    future = compiler.submit(spec)
+    assert future.done() and future.result() is first
+
+
+def test_failures_are_cached(compiler):
+    spec = ConstraintSpec("regex", "(unclosed")
+    future = compiler.submit(spec)
+    with pytest.raises(ConstraintError, match="regex"):
+        future.result(timeout=60)
+    again = compiler.submit(spec)
+    assert again is future and again.done()
+
+
+def test_refusal_reaches_the_future(compiler):
+    future = compiler.submit(ConstraintSpec.json_schema({"not": {"type": "string"}}))
+    with pytest.raises(ConstraintError, match="'not' at /"):
+        future.result(timeout=60)
+
+
+def test_size_limit(tokenizer):
+    c = GrammarCompiler(tokenizer, vocab_size=49152,
+                        config=EngineConfig(max_grammar_bytes=100))
+    try:
+        future = c.submit(ConstraintSpec("regex", "a" * 101))
+        assert future.done()
+        with pytest.raises(ConstraintError, match="max_grammar_bytes"):
+            future.result()
+    finally:
+        c.shutdown()
+
+
+def test_submit_never_blocks_and_timeout_is_honoured(tokenizer):
+    c = GrammarCompiler(tokenizer, vocab_size=49152,
+                        config=EngineConfig(compile_threads=1, compile_timeout_s=0.3))
+    release = threading.Event()
+
+    def slow(spec):  # an uninterruptible compile, like xgrammar's C++ one
+        release.wait(10)
+        raise ConstraintError("finished too late")
+
+    c._compile_sync = slow
+    try:
+        start = time.perf_counter()
+        future = c.submit(ConstraintSpec("regex", "slow"))
+        assert time.perf_counter() - start < 0.05 and not future.done()
+        with pytest.raises(ConstraintError, match="timed out"):
+            future.result(timeout=5)
+        # the stuck worker was replaced: a fast compile still goes through
+        del c._compile_sync
+        assert c.compile(ConstraintSpec("regex", "fast"), timeout=30).backend == "xgrammar"
+    finally:
+        release.set()
+        c.shutdown()
+
+
+def test_watchdog_bounds_abandoned_threads():
+    pool = WatchdogPool(num_workers=1, timeout_s=0.1)
+    from concurrent.futures import Future
+
+    release = threading.Event()
+    futures = [Future() for _ in range(4)]
+    for f in futures:
+        pool.submit(f, lambda: release.wait(10), label="stuck")
+    time.sleep(0.6)
+    assert pool.num_threads <= 2 and pool.num_abandoned >= 1  # stuck threads stay bounded
+    release.set()
+    with pytest.raises(ConstraintError, match="timed out"):
+        futures[0].result(timeout=10)
+    for f in futures[1:]:
+        f.exception(timeout=10)  # each one finishes: timed out, or ran once workers were free
+    pool.shutdown()
