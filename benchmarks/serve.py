@@ -185,7 +185,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def summarize(results: list[Result], duration: float, before: dict, after: dict, **row) -> dict:
     ok = [r for r in results if r.ok]
-    checked = [r for r in ok if r.constrained]
+    # the engine guarantees validity of complete answers; truncated ones are counted apart
+    checked = [r for r in ok if r.constrained and r.finish_reason != "length"]
     tpot = [(r.latency - r.ttft) / (r.completion_tokens - 1) for r in ok
             if r.completion_tokens > 1]
     itl = [x for r in ok for x in r.itl]
@@ -379,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         if server:
             server.stop()
     print(markdown(rows))
-    print("\n(latencies in ms; valid: constrained answers that parse and validate; "
+    print("\n(latencies in ms; valid: complete constrained answers that parse and validate; "
+          "trunc: answers cut by max_tokens; "
           "prefix hit: prompt tokens served from the prefix cache; JF tok: generated tokens "
           "appended by jump-forward)")
     if args.json_out:
