@@ -130,12 +130,19 @@ def test_n2_logprobs_and_seed(client):
     "required", {"type": "function", "function": {"name": "get_weather"}}, "auto"])
 def test_tool_calls_validate(client, tool_choice):
     r = chat(client, "What is the weather in Paris?", tools=TOOLS, tool_choice=tool_choice,
-             max_tokens=64)
+             parallel_tool_calls=False, max_tokens=64)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     check_calls(choice.message.tool_calls)
     if isinstance(tool_choice, dict):
         assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+
+
+def test_parallel_tool_calls(client):
+    r = chat(client, "What is the weather in Paris and in Rome?", tools=TOOLS,
+             tool_choice="required", max_tokens=160)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    check_calls(r.choices[0].message.tool_calls)
 
 
 def test_parallel_tool_calls_false_gives_one_call(client):
@@ -238,7 +245,8 @@ def test_32_concurrent_mixed_requests(async_client):
         elif kind == 1:
             r = await async_client.chat.completions.create(
                 model=MODEL, messages=user(f"Weather in city {i}?"), tools=TOOLS,
-                tool_choice="required", max_tokens=48, temperature=0)
+                tool_choice="required", parallel_tool_calls=False, max_tokens=64,
+                temperature=0)
             check_calls(r.choices[0].message.tool_calls)
         elif kind == 2:
             r = await async_client.chat.completions.create(
