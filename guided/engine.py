@@ -36,8 +36,7 @@ class Engine:
                              f"{model_config.vocab_size} embedding rows")
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size)
         del state
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                 model_config.max_position_embeddings)
+        self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)

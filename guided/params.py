@@ -13,7 +13,8 @@ ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "gramm
 @dataclass(frozen=True, slots=True)
 class ConstraintSpec:
     """A constraint normalized to a hashable cache key: `value` is canonical text for its kind
-    (sorted-key JSON for a schema, a JSON list for choices, the pattern or grammar verbatim)."""
+    (compact JSON for a schema, keeping the client's property order, which the output follows;
+    a JSON list for choices; the pattern or grammar verbatim)."""
 
     kind: ConstraintKind
     value: str
@@ -27,7 +28,8 @@ class ConstraintSpec:
                 raise ConstraintError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise ConstraintError("json_schema must be a JSON object (or a boolean schema)")
-        return ConstraintSpec("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+        return ConstraintSpec("json_schema", json.dumps(schema, ensure_ascii=False,
+                                                        separators=(",", ":")))
 
     @staticmethod
     def choice(options: list[str]) -> "ConstraintSpec":

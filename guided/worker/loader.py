@@ -27,6 +27,9 @@ def cache_root() -> Path:
 
 
 def default_gguf_path() -> Path:
+    override = os.environ.get("GUIDED_DEFAULT_GGUF")
+    if override:
+        return Path(override)
     # The package's __init__ imports `llm` (a plugin host we do not need): find the file without
     # importing it.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -39,10 +42,17 @@ def default_gguf_path() -> Path:
     return path
 
 
-def resolve_model_dir(model: str) -> Path:
-    """The HF-style directory (config.json, *.safetensors, tokenizer.json) serving `model`."""
+def resolve_model_dir(model: str, *, need_weights: bool = True) -> Path:
+    """The HF-style directory (config.json, *.safetensors, tokenizer.json) serving `model`.
+
+    The default model's converted directory is found by name, so its tokenizer loads without
+    the GGUF (synthetic models on a machine that only has the tokenizer files)."""
     if model in ("default", "", None):
-        return converted_dir(default_gguf_path())
+        out = cache_root() / f"{Path(DEFAULT_GGUF_NAME).stem}-v{CONVERTED_VERSION}"
+        wanted = "model.safetensors" if need_weights else "tokenizer_config.json"
+        if (out / wanted).is_file():
+            return out
+        return converted_dir(default_gguf_path(), out)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return converted_dir(path)
@@ -53,9 +63,9 @@ def resolve_model_dir(model: str) -> Path:
         " with config.json (nothing is downloaded from a hub)")
 
 
-def converted_dir(gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    out = cache_root() / f"{gguf_path.stem}-{stat.st_size}-v{CONVERTED_VERSION}"
+def converted_dir(gguf_path: Path, out: Path | None = None) -> Path:
+    if out is None:
+        out = cache_root() / f"{gguf_path.stem}-{gguf_path.stat().st_size}-v{CONVERTED_VERSION}"
     if not (out / "model.safetensors").is_file():
         convert_gguf(gguf_path, out)
     return out
@@ -79,6 +89,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(str(tmp))
+        if out_dir.is_dir() and not (out_dir / "model.safetensors").is_file():
+            shutil.rmtree(out_dir, ignore_errors=True)  # a tokenizer-only copy: replace it
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -165,13 +177,13 @@ def load_tokenizer(model: str = "default"):
 
     if model.startswith("synthetic:"):
         model = "default"
-    return AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(model, need_weights=False)))
 
 
 def load_model_config(model: str) -> ModelConfig:
     if model.startswith("synthetic:"):
         return synthetic_config(model.split(":", 1)[1])
-    model_dir = resolve_model_dir(model)
+    model_dir = resolve_model_dir(model, need_weights=False)
     return ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()), model)
 
 

@@ -61,17 +61,28 @@ class ModelRunner:
         self.dtype = resolve_dtype(config, self.device)
         self.vocab_size = vocab_size  # the tokenizer's: logits columns past it are never sampled
         self.block_size = config.block_size
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
         self.model = self._build_model(state_dict)
         self.num_blocks = self._size_kv_cache()
         cfg = model_config
-        # (L, 2, num_blocks, block_size, Hkv, D): one allocation, per-layer (k, v) views
-        self.kv_cache = torch.empty(cfg.num_layers, 2, self.num_blocks, self.block_size,
+        # (L, 2, num_blocks + 1, block_size, Hkv, D): one allocation, per-layer (k, v) views;
+        # the extra block is scratch space for the padding rows of CUDA graphs
+        self.kv_cache = torch.empty(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
                                     cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype,
                                     device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
         self.use_triton = self.device.type == "cuda"
+        self.graphs = None
+        if self.use_triton and config.cuda_graphs:
+            from guided.worker.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
+                max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+                block_size=self.block_size, scratch_block=self.num_blocks, device=self.device)
 
     def _build_model(self, state_dict) -> LlamaForCausalLM:
         with torch.device("meta"):  # no time spent on an init the weights overwrite
@@ -124,13 +135,13 @@ class ModelRunner:
         rows = SamplingRows([], [], [], [], [], [], [], [], [], [], [])
         num_mask_rows = 0
         max_blocks = max(len(item.request.block_ids) for item in sched.scheduled)
-        block_tables = torch.zeros(len(sched.scheduled), max_blocks, dtype=torch.int32)
+        tables: list[list[int]] = []
         for b, item in enumerate(sched.scheduled):
             req = item.request
             start = req.num_computed_tokens
             n = item.num_new_tokens + item.num_draft_tokens
             table = req.block_ids
-            block_tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
+            tables.append(table + [0] * (max_blocks - len(table)))
             for pos in range(start, start + n):
                 ids.append(req.token_at(pos))
                 positions.append(pos)
@@ -165,7 +176,7 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            block_tables=block_tables.to(dev, non_blocking=True),
+            block_tables=torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
             query_start_loc=torch.tensor(query_start, dtype=torch.int32).to(dev, non_blocking=True),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
             max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
@@ -191,7 +202,7 @@ class ModelRunner:
                                        pin_memory=self.device.type == "cuda")
             # the host fills the grammar masks while the device runs the forward pass
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        hidden = self._forward(inputs)
         num_sched = len(sched.scheduled)
         sampled: list[list[int]] = [[] for _ in range(num_sched)]
         logprobs: list[list] = [[] for _ in range(num_sched)]
@@ -212,6 +223,14 @@ class ModelRunner:
             sampled[owner].append(out.token_ids[row])
             logprobs[owner].append(out.logprobs[row])
         return RunnerOutput(sampled, logprobs)
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        meta = inputs.meta
+        num_tokens = inputs.input_ids.shape[0]
+        if (self.graphs is not None and meta.max_query_len == 1
+                and self.graphs.can_run(num_tokens, meta.block_tables.shape[1])):
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
 
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False)

@@ -93,7 +93,8 @@ class Attention(nn.Module):
         v_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = v
         attend = paged_attention if meta.use_triton else paged_attention_ref
         out = attend(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-                     scale=self.scale, max_query_len=meta.max_query_len)  # (T, Hq, D)
+                     scale=self.scale, max_query_len=meta.max_query_len,
+                     max_seq_len=meta.max_seq_len)  # (T, Hq, D)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
