@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads
-from workloads import WorkItem
+from workloads import WorkItem, markdown
 
 
 @dataclass(slots=True)
@@ -227,19 +227,6 @@ COLUMNS = [("label", "label", "{}"), ("workload", "workload", "{}"), ("load", "l
            ("prefix_hit", "prefix hit", "{:.0%}"), ("jump_forward", "JF tok", "{:.0%}")]
 
 
-def markdown(rows: list[dict], columns=COLUMNS) -> str:
-    def cell(row, key, fmt):
-        value = row.get(key)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
-        return fmt.format(value)
-
-    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r, k, f) for k, _, f in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 # ---- server launch ------------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -379,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server:
             server.stop()
-    print(markdown(rows))
+    print(markdown(rows, COLUMNS))
     print("\n(latencies in ms; valid: complete constrained answers that parse and validate; "
           "trunc: answers cut by max_tokens; "
           "prefix hit: prompt tokens served from the prefix cache; JF tok: generated tokens "

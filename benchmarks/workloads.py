@@ -9,6 +9,7 @@ need nothing else.
 from __future__ import annotations
 
 import json
+import math
 import random
 import warnings
 from dataclasses import asdict, dataclass
@@ -234,3 +235,19 @@ def check(item: WorkItem, text: str, calls: list[tuple[str, str]]) -> str | None
     if item.kind == "json":
         return check_json(item, text)
     return check_tool_calls(item, calls)
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+def markdown(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """One markdown table: columns are (row key, title, format); None and NaN print as -."""
+    def cell(row, key, fmt):
+        value = row.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return fmt.format(value)
+
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(r, k, f) for k, _, f in columns) + " |" for r in rows]
+    return "\n".join(lines)
