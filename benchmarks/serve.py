@@ -29,7 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+try:
+    import httpx
+except ImportError:  # the wheels carried to the GPU machine have the httpx2 fork (openai's)
+    import httpx2 as httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads
