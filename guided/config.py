@@ -45,6 +45,7 @@ class EngineConfig:
 
     # GPU execution
     cuda_graphs: bool = True
+    compile_ops: bool = True  # torch.compile the elementwise ops on the GPU (fused kernels)
     num_scheduler_steps: int = 1  # >1: multi-step decode for batches that allow it
 
     def __post_init__(self) -> None:

@@ -95,6 +95,8 @@ class ModelRunner:
             model.init_random_(self.config.seed)
         else:
             model.load_hf_state_dict(state_dict)
+        if self.device.type == "cuda" and self.config.compile_ops:
+            model.use_compiled_ops()
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:

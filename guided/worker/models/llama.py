@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from guided.worker.models import ops
+
 from guided.kernels.attention import paged_attention, paged_attention_ref
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.model_config import ModelConfig
@@ -47,25 +49,12 @@ class RotaryEmbedding(nn.Module):
         self.cos = freqs.cos()
         self.sin = freqs.sin()
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        # x (T, H, D); HF's half-split layout: rotate (x1, x2) pairs across the two halves
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, D/2)
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
-
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -82,12 +71,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: KVCache, meta: AttentionMetadata, ops) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(positions, q.view(T, self.num_heads, self.head_dim))  # (T, Hq, D)
-        k = rope(positions, k.view(T, self.num_kv_heads, self.head_dim))  # (T, Hkv, D)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q = ops.rope(positions, q.view(T, self.num_heads, self.head_dim), rope.cos, rope.sin)
+        k = ops.rope(positions, k.view(T, self.num_kv_heads, self.head_dim), rope.cos, rope.sin)
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # q (T, Hq, D); k, v (T, Hkv, D)
         k_cache, v_cache = kv_cache
         k_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = k
         v_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = v
@@ -104,9 +93,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -117,9 +105,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, residual, positions, rope, kv_cache, meta, ops):
+        """h: this layer's normed input; residual: the stream before it. Returns the next
+        layer's (normed input, residual) pair; the residual adds are fused into the norms."""
+        attn = self.self_attn(h, positions, rope, kv_cache, meta, ops)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(attn, residual, norm.weight, norm.eps)
+        return self.mlp(h, ops), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -132,13 +124,22 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(cfg)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self.ops = ops.EAGER
+
+    def use_compiled_ops(self) -> None:
+        self.ops = ops.compiled_ops()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # (T, H)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rope, kv_cache, meta)
-        return self.norm(x)
+        residual = self.embed_tokens(input_ids)  # (T, H)
+        first = self.layers[0].input_layernorm
+        h = self.ops.rms_norm(residual, first.weight, first.eps)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            out, residual = layer(h, residual, positions, self.rope, kv_cache, meta, self.ops)
+            norm = (self.layers[i + 1].input_layernorm if i + 1 < len(self.layers)
+                    else self.norm)
+            h, residual = self.ops.add_rms_norm(out, residual, norm.weight, norm.eps)
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
