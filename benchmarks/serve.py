@@ -197,7 +197,7 @@ def summarize(results: list[Result], duration: float, before: dict, after: dict,
     queries = delta.get("guided_prefix_cache_queries_total", 0.0)
     generated = delta.get("guided_generation_tokens_total", 0.0)
     row.update(
-        requests=len(results), errors=len(results) - len(ok), duration_s=round(duration, 2),
+        requests=len(results), duration_s=round(duration, 2),
         req_per_s=len(ok) / duration, out_tok_per_s=sum(r.completion_tokens for r in ok) / duration,
         mean_in=sum(r.prompt_tokens for r in ok) / max(1, len(ok)),
         mean_out=sum(r.completion_tokens for r in ok) / max(1, len(ok)),
@@ -210,6 +210,9 @@ def summarize(results: list[Result], duration: float, before: dict, after: dict,
                     if queries else None),
         jump_forward=(delta.get("guided_jump_forward_tokens_total", 0.0) / generated
                       if generated else None))
+    # 400s are constraints the engine refuses (e.g. a keyword it cannot enforce), not failures
+    row["rejected"] = sum(bool(r.error and r.error.startswith("HTTP 400")) for r in results)
+    row["errors"] = len(results) - len(ok) - row["rejected"]
     row["valid"] = (f"{sum(r.invalid is None for r in checked)}/{len(checked)}"
                     if checked else None)
     row["invalid_examples"] = [r.invalid for r in checked if r.invalid][:5]
@@ -220,7 +223,8 @@ def summarize(results: list[Result], duration: float, before: dict, after: dict,
 # ---- tables -------------------------------------------------------------------------------------
 
 COLUMNS = [("label", "label", "{}"), ("workload", "workload", "{}"), ("load", "load", "{}"),
-           ("requests", "n", "{}"), ("errors", "err", "{}"), ("req_per_s", "req/s", "{:.2f}"),
+           ("requests", "n", "{}"), ("errors", "err", "{}"), ("rejected", "400", "{}"),
+           ("req_per_s", "req/s", "{:.2f}"),
            ("out_tok_per_s", "out tok/s", "{:.1f}"), ("mean_in", "in len", "{:.0f}"),
            ("mean_out", "out len", "{:.0f}"), ("ttft_p50", "TTFT p50", "{:.0f}"),
            ("ttft_p99", "TTFT p99", "{:.0f}"), ("tpot_p50", "TPOT p50", "{:.1f}"),
@@ -371,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     print(markdown(rows, COLUMNS))
     print("\n(latencies in ms; valid: complete constrained answers that parse and validate; "
-          "trunc: answers cut by max_tokens; "
+          "trunc: answers cut by max_tokens; 400: requests refused as bad input (e.g. a schema "
+          "keyword the engine cannot enforce); "
           "prefix hit: prompt tokens served from the prefix cache; JF tok: generated tokens "
           "appended by jump-forward)")
     if args.json_out:
