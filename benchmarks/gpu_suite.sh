@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU runs behind benchmarks/RESULTS.md, by phase (each fits one device call):
+#   bash benchmarks/gpu_suite.sh serve-8b    # serving: json vs chat, prefix cache on/off
+#   bash benchmarks/gpu_suite.sh baseline-8b # transformers + xgrammar baseline
+#   bash benchmarks/gpu_suite.sh default     # the default model (needs GUIDED_DEFAULT_GGUF)
+# Workloads are exported beforehand (the GPU machine has no ../shared):
+#   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
+#   (and chat, shared-prefix)
+set -uo pipefail
+out=${OUT:-/tmp/guided-gpu}
+mkdir -p "$out"
+w=${WORKLOADS:-.work}
+phase=${1:-serve-8b}
+M=${MODEL:-synthetic:llama-3-8b}
+serve() { python benchmarks/serve.py "$@" --json-out "$out/serve.jsonl" 2>>"$out/serve.err" | tee -a "$out/serve.md"; }
+case "$phase" in
+serve-8b|serve)
+  serve --launch "--model $M" --workload $w/json.jsonl --num-requests 512 --concurrency 64,256 \
+    --max-tokens 256 --label "$M constrained"
+  serve --launch "--model $M" --workload $w/chat.jsonl --num-requests 512 --concurrency 64,256 \
+    --max-tokens 256 --ignore-eos --label "$M free"
+  serve --launch "--model $M" --workload $w/shared-prefix.jsonl --num-requests 256 \
+    --concurrency 64 --max-tokens 64 --ignore-eos --label "$M cache-on"
+  serve --launch "--model $M --no-enable-prefix-caching" --workload $w/shared-prefix.jsonl \
+    --num-requests 256 --concurrency 64 --max-tokens 64 --ignore-eos --label "$M cache-off"
+  ;;
+baseline-8b|baseline)
+  python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests 128 \
+    --batch-size 64 --max-tokens 256 --label "$M" 2>>"$out/baseline.err" | tee "$out/baseline.md"
+  ;;
+esac
