@@ -1,0 +1,177 @@
+"""Jump-forward end to end on the real default model (CPU): greedy outputs identical with it on and
+off, fewer forward passes; retokenization at the boundary; UTF-8; preemption; stop strings."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from guided import LLM, SamplingParams
+from guided.fsm.jump_forward import complete_utf8_prefix, retokenize
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data"
+UNICODE = "héllo wörld — 日本語"
+
+
+def load_common():
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def llm_on() -> LLM:
+    return LLM(jump_forward=True, num_kv_blocks=512, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module")
+def llm_off() -> LLM:
+    return LLM(jump_forward=False, num_kv_blocks=512, max_num_seqs=16)
+
+
+def chat(llm: LLM, text: str) -> list[int]:
+    return llm.apply_chat_template([{"role": "user", "content": text}])
+
+
+def greedy(schema: dict, max_tokens: int = 96, **kw) -> SamplingParams:
+    return SamplingParams(json_schema=schema, temperature=0, max_tokens=max_tokens, **kw)
+
+
+# ---- retokenize with the real tokenizer ---------------------------------------------------------
+
+def test_retokenize_keeps_a_boundary_that_does_not_merge(llm_on):
+    tok, token_bytes = llm_on.tokenizer, llm_on.engine.compiler.vocab.token_bytes
+    hello = tok.encode("hello", add_special_tokens=False)
+    world = tok.encode(" world", add_special_tokens=False)
+    assert tok.encode("hello world", add_special_tokens=False) == hello + world  # the premise
+    assert retokenize(tok, token_bytes, hello, b" world") == world
+
+
+def test_retokenize_never_rewrites_committed_tokens(llm_on):
+    tok, token_bytes = llm_on.tokenizer, llm_on.engine.compiler.vocab.token_bytes
+    hel = tok.encode("hel", add_special_tokens=False)
+    merged = tok.encode("hello world", add_special_tokens=False)
+    assert merged[:len(hel)] != hel  # the premise: "hel" + "lo" merges into "hello"
+    assert retokenize(tok, token_bytes, hel, b"lo world") == tok.encode(
+        "lo world", add_special_tokens=False)
+
+
+def test_retokenize_cuts_a_partial_utf8_character(llm_on):
+    tok, token_bytes = llm_on.tokenizer, llm_on.engine.compiler.vocab.token_bytes
+    data = UNICODE.encode()
+    assert complete_utf8_prefix(data[:-1]) == UNICODE[:-1].encode()
+    assert complete_utf8_prefix("é".encode()[:1]) == b""
+    assert retokenize(tok, token_bytes, [], data[:-1]) == tok.encode(
+        UNICODE[:-1], add_special_tokens=False)
+    assert retokenize(tok, token_bytes, [], "é".encode()[:1]) == []
+    # a boundary token that ends inside a character: wait until the character is complete
+    partial = next(i for i, b in enumerate(token_bytes)
+                   if b and b[-1] >= 0xC0 and not b.startswith(b"<"))
+    assert retokenize(tok, token_bytes, [partial], b'"}') == []
+
+
+# ---- on == off ----------------------------------------------------------------------------------
+
+def sample_schemas() -> list:
+    common = load_common()
+    return (common.sample_stratified(common.load_jsonschemabench(
+        DATA, ["Glaiveai2K", "Github_easy", "Kubernetes", "Snowplow", "JME", "BFCL_simple"]),
+        6, seed=3) + common.load_bfcl_tool_schemas(DATA, 4, seed=3))
+
+
+@pytest.mark.skipif(not (DATA / "jsonschemabench").is_dir() or not (DATA / "bfcl").is_dir(),
+                    reason="shared data not present")
+def test_on_equals_off_token_for_token_with_fewer_passes(llm_on, llm_off):
+    common = load_common()
+    cases = sample_schemas()
+    assert len(cases) == 10
+    prompts = [llm_on.apply_chat_template(common.schema_messages(c.schema)) for c in cases]
+    params = [greedy(c.schema) for c in cases]
+    on = llm_on.generate(prompts, params)
+    off = llm_off.generate(prompts, params)
+    compared = 0
+    for case, a, b in zip(cases, on, off):
+        assert (a.finish_reason, a.error) == (b.finish_reason, b.error), case.id
+        if a.finish_reason == "error":
+            continue
+        compared += 1
+        assert a.token_ids == b.token_ids, (case.id, a.text, b.text)
+        assert a.text == b.text
+    assert compared >= 7
+    passes_on = sum(o.metrics.forward_passes for o in on if o.finish_reason != "error")
+    passes_off = sum(o.metrics.forward_passes for o in off if o.finish_reason != "error")
+    assert passes_on < passes_off
+    assert sum(o.metrics.jump_forward_tokens for o in on) > 0
+    assert sum(o.metrics.jump_forward_tokens for o in off) == 0
+
+
+def test_multibyte_forced_strings(llm_on, llm_off):
+    schema = {"type": "object", "properties": {
+        "greeting": {"const": UNICODE},
+        "drink": {"enum": ["café au lait", "cafè noir"]}},  # é/è share their first byte
+        "required": ["greeting", "drink"], "additionalProperties": False}
+    prompt = chat(llm_on, "Greet me and pick a drink, as JSON.")
+    on = llm_on.generate(prompt, greedy(schema))[0]
+    off = llm_off.generate(prompt, greedy(schema))[0]
+    assert on.finish_reason == off.finish_reason == "stop"
+    assert on.token_ids == off.token_ids and on.text == off.text
+    assert on.metrics.jump_forward_tokens > 0
+    assert on.metrics.forward_passes < off.metrics.forward_passes
+    value = json.loads(on.text)
+    assert value["greeting"] == UNICODE and value["drink"] in ("café au lait", "cafè noir")
+
+
+def test_stop_string_inside_a_forced_string(llm_on, llm_off):
+    schema = {"type": "object", "properties": {"my_STOP_key": {"type": "string"}},
+              "required": ["my_STOP_key"], "additionalProperties": False}
+    prompt = chat(llm_on, "Answer as JSON.")
+    on = llm_on.generate(prompt, greedy(schema, stop=["STOP"]))[0]
+    off = llm_off.generate(prompt, greedy(schema, stop=["STOP"]))[0]
+    assert on.finish_reason == off.finish_reason == "stop"
+    assert on.stop_reason == "STOP" and on.text == off.text == '{"my_'
+    assert on.token_ids == off.token_ids
+    assert llm_on.engine.stats().kv_blocks_in_use == 0
+
+
+def test_preemption_during_jump_forward(llm_on):
+    """A KV budget too small for the batch: requests are preempted (their drafts with them) and
+    recomputed; the outputs equal those of a roomy engine and every block is returned."""
+    schemas = [
+        {"type": "object", "properties": {"title": {"type": "string", "maxLength": 24},
+                                          "year": {"type": "integer"}},
+         "required": ["title", "year"], "additionalProperties": False},
+        {"type": "object", "properties": {"city": {"enum": ["Paris", "Berlin", "Rome"]},
+                                          "population_in_millions": {"type": "number"}},
+         "required": ["city", "population_in_millions"], "additionalProperties": False},
+        {"type": "object", "properties": {"first_name": {"type": "string", "maxLength": 12},
+                                          "last_name": {"type": "string", "maxLength": 12},
+                                          "is_active_member": {"type": "boolean"}},
+         "required": ["first_name", "last_name", "is_active_member"],
+         "additionalProperties": False},
+        {"type": "object", "properties": {"colors": {"type": "array", "maxItems": 4,
+                                                     "items": {"enum": ["red", "green", "blue"]}}},
+         "required": ["colors"], "additionalProperties": False},
+    ]
+    max_tokens = 64
+    prompts = [chat(llm_on, f"Fill in this JSON object (example {i}).") for i in range(4)]
+    params = [greedy(s, max_tokens) for s in schemas]
+    need = [math.ceil((len(p) + max_tokens + 32) / 16) for p in prompts]
+    tiny = LLM(jump_forward=True, num_kv_blocks=max(need) + 2, admission_lookahead_tokens=0,
+               enable_prefix_caching=False, max_num_seqs=4)
+    try:
+        got = tiny.generate(prompts, params)
+        stats = tiny.engine.stats()
+        assert stats.preemptions_total > 0
+        assert stats.kv_blocks_in_use == 0
+        assert stats.jump_forward_tokens_total > 0
+    finally:
+        tiny.engine.shutdown()
+    want = llm_on.generate(prompts, params)
+    for a, b in zip(got, want):
+        assert a.finish_reason == b.finish_reason
+        assert a.token_ids == b.token_ids, (a.text, b.text)
