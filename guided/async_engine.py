@@ -121,6 +121,8 @@ class AsyncEngine:
         self._live: dict[str, RequestStream] = {}  # engine thread only
         self._last: dict[str, RequestOutput] = {}  # engine thread only
         self._accepting = True
+        self._stopped = False  # set by the engine thread as it stops taking commands
+        self._stopping: asyncio.Future | None = None  # shutdown()'s join of the thread
         self._stop_deadline: float | None = None
         self._stats: EngineStats = engine.stats()
         self.compile_queries = 0
@@ -166,6 +168,8 @@ class AsyncEngine:
         stream = RequestStream(request_id, self, loop)
         accepted = loop.create_future()
         self._commands.put(_Add(stream, prompt, params, arrival_time, accepted))
+        if self._stopped:  # the thread stopped after the check above: nobody else answers
+            self._reject_pending(OverloadedError("the engine is shutting down"))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -190,13 +194,35 @@ class AsyncEngine:
         """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort
         the rest, and join the engine thread."""
         self._accepting = False
-        if self._thread.is_alive():
-            self._commands.put(_Stop(time.monotonic() + drain_timeout))
-            await asyncio.to_thread(self._thread.join)
+        if self._stopping is None:  # the first call sets the deadline; later ones wait for it
+            if self._thread.is_alive():
+                self._commands.put(_Stop(time.monotonic() + drain_timeout))
+            self._stopping = asyncio.ensure_future(asyncio.to_thread(self._thread.join))
+        await asyncio.shield(self._stopping)
 
     # ---- engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug outside step(): fail everyone rather than hang them
+            logger.exception("the engine thread died")
+            self._accepting = False
+            self._stopped = True
+            self._abort_all("error", error=f"the engine thread died: {type(e).__name__}: {e}",
+                            error_type="internal")
+            self._reject_pending(OverloadedError("the engine thread is not running"))
+            return
+        self._stopped = True
+        self._reject_pending(OverloadedError("the engine is shutting down"))
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()  # compile pool and runner threads
+            except Exception:
+                logger.exception("engine.shutdown() failed")
+
+    def _loop(self) -> None:
         while True:
             has_work = self.engine.has_unfinished_requests()
             self._drain_commands(block=not has_work and self._stop_deadline is None)
@@ -209,6 +235,16 @@ class AsyncEngine:
             if has_work:
                 self._step()
             self._refresh_stats()
+
+    def _reject_pending(self, error: Exception) -> None:
+        """Answer the commands left in the queue once the thread stops taking them."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                _resolve(command.accepted, error)
 
     def _drain_commands(self, *, block: bool) -> None:
         timeout = None

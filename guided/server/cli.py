@@ -123,11 +123,41 @@ def serve(args: argparse.Namespace) -> int:
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
                      drain_timeout=args.drain_timeout)
+    # uvicorn's own grace period only backs up the engine's drain (which ends every stream).
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
                                     log_level=args.log_level, timeout_graceful_shutdown=
-                                    int(args.drain_timeout) + 1)
-    asyncio.run(uvicorn.Server(uvicorn_config).serve())
+                                    int(args.drain_timeout) + 5)
+    asyncio.run(_draining_server(uvicorn_config, engine, args.drain_timeout).serve())
     return 0
+
+
+def _draining_server(config, engine, drain_timeout: float):
+    import asyncio
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server that, on SIGTERM / SIGINT, drains the engine while it waits for
+        connections: in-flight requests finish, or end with finish_reason "abort" at the drain
+        deadline, so every stream closes properly and the process exits 0."""
+
+        def __init__(self, config, engine, drain_timeout: float):
+            super().__init__(config)
+            self.engine = engine
+            self.drain_timeout = drain_timeout
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after a graceful stop (exit status -15 / 130);
+            # a drained shutdown is a clean exit.
+            getattr(self, "_captured_signals", []).clear()
+
+        async def shutdown(self, sockets=None) -> None:
+            drain = asyncio.ensure_future(self.engine.shutdown(self.drain_timeout))
+            await super().shutdown(sockets)
+            await drain
+
+    return DrainingServer(config, engine, drain_timeout)
 
 
 def _log_startup(core, url: str) -> None:

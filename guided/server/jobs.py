@@ -1,0 +1,111 @@
+"""One HTTP request as engine requests (`Job`), and the small pure pieces around it: the one
+constraint of a request, outputs of choices that need no engine, error payloads, ids."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from guided.errors import ConstraintError, InvalidRequestError
+from guided.outputs import RequestOutput
+from guided.params import SamplingParams
+from guided.server import protocol as P
+from guided.server.tools import ParsedCall, ToolPlan
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Job:
+    """One HTTP request as engine requests: choice i runs prompts[prompt_of[i]] with params[i]."""
+
+    request_id: str
+    model: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    prompt_of: list[int]
+    plan: ToolPlan | None = None
+    num_top: int = 0
+    echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
+    constraint_param: str | None = None  # the field the constraint came from (for 400s)
+
+
+def constraint_kwargs(req, tool_constraint: dict) -> tuple[str | None, dict]:
+    """The one constraint of a request as (field name, SamplingParams kwargs); more than one:
+    a 400."""
+    found: list[tuple[str, dict]] = []
+    if tool_constraint:
+        found.append(("tools", tool_constraint))
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append(("response_format", {"json_object": True}))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                      param="response_format.json_schema.schema")
+        found.append(("response_format", {"json_schema": rf.json_schema.schema_}))
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        if getattr(req, name) is not None:
+            found.append((name, {name: getattr(req, name)}))
+    if len(found) > 1:
+        raise InvalidRequestError(
+            f"at most one constraint per request; got {[name for name, _ in found]}",
+            param=found[1][0])
+    return found[0] if found else (None, {})
+
+
+def empty_output(job: Job, i: int) -> RequestOutput:
+    """The output of choice i when it has max_tokens 0 (answered without the engine)."""
+    return RequestOutput(request_id=f"{job.request_id}-{i}",
+                         prompt_token_ids=job.prompts[job.prompt_of[i]], token_ids=[],
+                         text="", finished=True, finish_reason="length", logprobs=[])
+
+
+def visible(out: RequestOutput) -> str:
+    """Text safe to send: a trailing U+FFFD is half a UTF-8 character still being decoded."""
+    return out.text if out.finished else out.text.rstrip("\ufffd")
+
+
+def finish_reason(out: RequestOutput, calls: bool) -> str | None:
+    if not out.finished:
+        return None
+    return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+
+
+def tool_calls_out(calls: list[ParsedCall]) -> list[P.ToolCallOut]:
+    return [P.ToolCallOut(id=c.id, function=P.FunctionCallOut(name=c.name, arguments=c.arguments))
+            for c in calls]
+
+
+def raise_if_error(out: RequestOutput) -> None:
+    if out.finish_reason != "error":
+        return
+    if out.error_type == "constraint":
+        raise ConstraintError(out.error or "the constraint cannot be compiled")
+    if out.error_type == "invalid_request":
+        raise InvalidRequestError(out.error or "invalid request")
+    raise RuntimeError(out.error or "internal engine error")
+
+
+def error_payload(out: RequestOutput) -> dict:
+    """The error event of a stream whose request failed after its 200 was sent."""
+    internal = out.error_type not in ("constraint", "invalid_request")
+    return P.error_body(out.error or "generation failed",
+                        type="internal_error" if internal else "invalid_request_error",
+                        code=500 if internal else 400)
+
+
+def model_id(name: str) -> str:
+    """The id /v1/models shows: the embedded default model by its own name."""
+    if name in ("default", ""):
+        try:
+            from guided.worker.loader import DEFAULT_GGUF_NAME
+        except ImportError:
+            return "default"
+        return DEFAULT_GGUF_NAME.split(".")[0]
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

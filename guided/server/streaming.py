@@ -1,0 +1,180 @@
+"""Server-sent events: the chunk streams of /v1/chat/completions and /v1/completions, and the
+watch on the client's connection (a client that leaves aborts its requests at every stage)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import weakref
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from guided.async_engine import RequestStream
+from guided.outputs import RequestOutput
+from guided.server import protocol as P
+from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
+from guided.server.tools import ToolCallStreamer
+
+if TYPE_CHECKING:
+    from guided.server.app import Server
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the response started."""
+
+
+def sse(payload: P._Response | dict) -> str:
+    data = payload if isinstance(payload, dict) else payload.model_dump(exclude_none=True)
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def merged(job: Job, streams: list[RequestStream]
+                 ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, cumulative output) as they come, over all choices; aborts every request
+    when it ends or is closed."""
+    queue: asyncio.Queue = asyncio.Queue()
+    live = [i for i, p in enumerate(job.params) if p.max_tokens != 0]
+    for i, p in enumerate(job.params):
+        if p.max_tokens == 0:
+            queue.put_nowait((i, empty_output(job, i)))
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        async for out in stream:
+            await queue.put((i, out))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in zip(live, streams)]
+    try:
+        for _ in range(len(job.params)):
+            while True:
+                i, out = await queue.get()
+                yield i, out
+                if out.finished:
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
+        abort_all(streams)
+
+
+async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
+                      include_usage: bool) -> AsyncIterator[str]:
+    n = len(job.params)
+    sent_text, sent_tokens = [0] * n, [0] * n
+    streamers = [ToolCallStreamer(job.plan) if job.plan else None for _ in range(n)]
+    finals: dict[int, RequestOutput] = {}
+
+    def chunk(i: int, delta: P.ChatDelta, logprobs=None, finish=None) -> str:
+        return sse(P.ChatCompletionChunk(id=job.request_id, model=job.model, choices=[
+            P.ChatChunkChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=finish)]))
+
+    for i in range(n):  # the body runs in merged(), which aborts the requests at its end
+        yield chunk(i, P.ChatDelta(role="assistant", content=""))
+    async for i, out in merged(job, streams):
+        if out.finish_reason == "error":
+            yield sse(error_payload(out))
+            return
+        text, delta = visible(out), P.ChatDelta()
+        if streamers[i] is not None:
+            content, tool_deltas = streamers[i].deltas(text)
+            delta.content = content or None
+            delta.tool_calls = [P.ToolCallDelta.model_validate(d) for d in tool_deltas] or None
+        else:
+            delta.content = text[sent_text[i]:] or None
+            sent_text[i] = len(text)
+        new_entries = (out.logprobs or [])[sent_tokens[i]:]
+        logprobs = None
+        if job.params[i].logprobs is not None and new_entries:
+            logprobs = P.chat_logprobs(new_entries, server.texts, job.num_top)
+            sent_tokens[i] += len(new_entries)
+        calls = bool(streamers[i] and streamers[i].calls)
+        finish = finish_reason(out, calls)
+        if delta.content or delta.tool_calls or logprobs or finish:
+            yield chunk(i, delta, logprobs, finish)
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield sse(P.ChatCompletionChunk(id=job.request_id, model=job.model, choices=[],
+                                        usage=server.usage(job, list(finals.values()))))
+    yield "data: [DONE]\n\n"
+
+
+async def completion_stream(server: Server, job: Job, streams: list[RequestStream], echo: bool,
+                            include_usage: bool) -> AsyncIterator[str]:
+    n = len(job.params)
+    sent_text, sent_tokens = [0] * n, [0] * n
+    offsets = [len(job.echo[job.prompt_of[i]]) if echo else 0 for i in range(n)]
+    finals: dict[int, RequestOutput] = {}
+    if echo:
+        for i in range(n):
+            yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[
+                P.CompletionChoice(index=i, text=job.echo[job.prompt_of[i]])]))
+    async for i, out in merged(job, streams):
+        if out.finish_reason == "error":
+            yield sse(error_payload(out))
+            return
+        text = visible(out)
+        new_text = text[sent_text[i]:]
+        sent_text[i] = len(text)
+        new_entries = (out.logprobs or [])[sent_tokens[i]:]
+        logprobs = None
+        if job.params[i].logprobs is not None and new_entries:
+            logprobs = P.completion_logprobs(new_entries, server.texts, job.num_top,
+                                             offsets[i] + len(text) - len(new_text))
+            sent_tokens[i] += len(new_entries)
+        if new_text or logprobs or out.finished:
+            yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[
+                P.CompletionChoice(index=i, text=new_text, logprobs=logprobs,
+                                   finish_reason=out.finish_reason if out.finished else None)]))
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[],
+                                       usage=server.usage(job, list(finals.values()))))
+    yield "data: [DONE]\n\n"
+
+
+def abort_all(streams: list[RequestStream]) -> None:
+    for s in streams:
+        s.abort()
+
+
+def sse_response(body: AsyncIterator[str], streams: list[RequestStream]) -> StreamingResponse:
+    # The body aborts its requests when it ends or is closed; this also covers a body that is
+    # dropped without ever being started (the client left before the response began).
+    weakref.finalize(body, abort_all, streams)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+# ---- the client's connection --------------------------------------------------------------------
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, coro: Awaitable[T]) -> T:
+    """Run coro; if the client goes away first, cancel it (its requests are aborted) and raise
+    ClientGone. Covers the stages before a response starts: queued, compiling, prefilling."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone
