@@ -19,9 +19,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "fsm"))
 
-import torch  # noqa: E402
-
-from grammar_soundness import DATA, load_cases  # noqa: E402
+import torch
+from grammar_soundness import DATA, load_cases
 
 
 def pct(values: list[float], q: float) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = Path("/work/shared/data")
+DATA = Path(os.environ.get("GUIDED_DATA_DIR", "/work/shared/data"))
 FILES = sorted(glob.glob(str(DATA / "json-schema-test-suite" / "*.jsonl"))) + sorted(
     glob.glob(str(DATA / "jsonschemabench" / "*.jsonl")))
 
@@ -289,6 +289,14 @@ def main() -> None:
     print(f"{len(cases)} schemas from {len(FILES)} files, {args.workers} workers", flush=True)
     start = time.time()
     outcomes = []
+    done: set[str] = set()
+    if args.json_out and os.path.exists(args.json_out):  # resume an interrupted run
+        with open(args.json_out) as f:
+            outcomes = [Outcome(**json.loads(line)) for line in f]
+        done = {o.schema_id for o in outcomes}
+        cases = [c for c in cases if c.schema_id not in done]
+        print(f"resuming: {len(done)} outcomes read from {args.json_out}", flush=True)
+    sink = open(args.json_out, "a") if args.json_out else None  # noqa: SIM115
     init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout)
     # big schemas first so the tail of the run is not one slow worker
     cases.sort(key=lambda c: -len(json.dumps(c.schema)))
@@ -296,14 +304,18 @@ def main() -> None:
                                       initargs=init_args) as pool:
         for i, outcome in enumerate(pool.imap_unordered(_run, cases, chunksize=4)):
             outcomes.append(outcome)
+            if sink is not None:
+                sink.write(json.dumps(outcome.__dict__) + "\n")
+                sink.flush()
+            for text, why in outcome.false_accepts:
+                print(f"  FALSE ACCEPT {outcome.schema_id}: {text[:160]} ({why})", flush=True)
             if (i + 1) % 250 == 0:
                 fa = sum(len(o.false_accepts) for o in outcomes)
                 print(f"  {i + 1}/{len(cases)} done, {time.time() - start:.0f} s, "
                       f"false accepts so far {fa}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
-            for o in outcomes:
-                f.write(json.dumps(o.__dict__) + "\n")
+            f.writelines(json.dumps(o.__dict__) + "\n" for o in outcomes)
     print(report(outcomes, time.time() - start))
 
 

@@ -298,6 +298,7 @@ class _Rewriter:
                 if kw in node:
                     raise _refuse(kw, pointer, "length bounds together with 'pattern' are not "
                                                "enforced by the grammar backend")
+            node["pattern"] = fix_optional_groups(pattern)
         if fmt is None or "string" not in _as_list(node.get("type", "string")):
             node.pop("format", None)
             return
@@ -306,7 +307,7 @@ class _Rewriter:
                 if kw in node:
                     raise _refuse(kw, pointer, f"'{kw}' together with format '{fmt}' is not "
                                                f"supported")
-            node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
+            node["pattern"] = fix_optional_groups(FORMAT_PATTERNS[node.pop("format")])
         elif fmt in UNENFORCEABLE_FORMATS:
             raise _refuse("format", pointer, f"format '{fmt}' cannot be enforced; supported: "
                           f"{sorted(FORMAT_PATTERNS) + sorted(XGRAMMAR_FORMATS)}")
@@ -366,6 +367,35 @@ class _Rewriter:
                                    for i, s in enumerate(node["prefixItems"])]
 
 
+def fix_optional_groups(pattern: str) -> str:
+    """Rewrite a group's `?` quantifier as `{0,1}`. xgrammar 0.2.8 compiles `x(ab+)?` wrongly:
+    it also admits "xb" (the group's elements before a trailing repetition become optional);
+    `x(ab+){0,1}` compiles correctly. Same language, so the rewrite is exact."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":
+                skip = 2 if pattern[i + 1] == "]" else 3
+                out.append(pattern[i:i + skip])
+                i += skip
+                continue
+        elif c == ")" and pattern[i + 1:i + 2] == "?":
+            out.append("){0,1}")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _misplaced_anchor(pattern: str) -> bool:
     """True if ^ or $ (outside classes) sits where it is not the start/end of an alternative:
     xgrammar drops such anchors, which would widen the language (e.g. 'a$b' matches nothing)."""
@@ -382,16 +412,14 @@ def _misplaced_anchor(pattern: str) -> bool:
             if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":
                 i += 2 if pattern[i + 1] == "]" else 3
                 continue
-        elif c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|"):
-            return True
-        elif c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|"):
+        elif c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|") or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|"):
             return True
         i += 1
     return False
 
 
 def _may_be(node: dict, type_name: str) -> bool:
-    return type_name in _as_list(node.get("type", type_name))
+    return type_name in _as_list(node.get("type", []))
 
 
 def _rewrite_number(node: dict, pointer: str) -> None:

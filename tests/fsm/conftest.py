@@ -20,6 +20,10 @@ def _gguf_path() -> Path:
 
 
 def load_test_tokenizer():
+    if os.environ.get("GUIDED_TEST_TOKENIZER_DIR"):  # a saved tokenizer directory
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.environ["GUIDED_TEST_TOKENIZER_DIR"])
     try:
         from guided.worker.loader import load_tokenizer
     except ImportError:

@@ -132,3 +132,14 @@ def test_fill_bitmasks_parallel_equals_serial(compiler, tokenizer):
     fill_bitmasks(items, serial, num_threads=1)
     fill_bitmasks(items, parallel, num_threads=4)
     assert torch.equal(serial, parallel)
+
+
+def test_optional_group_with_trailing_repetition(compiler, tokenizer):
+    # xgrammar 0.2.8 alone admits "xb" for x(ab+)? ; the compiler rewrites ? as {0,1}
+    grammar = compiler.compile(ConstraintSpec("regex", "x(ab+)?"), timeout=60)
+    for text, ok in (("x", True), ("xabb", True), ("xb", False), ("xbb", False)):
+        m = grammar.matcher()
+        assert (m.accept_bytes(text.encode()) and m.accept_token(EOS)) == ok, text
+    schema = {"type": "string", "format": "date-time"}
+    m = compiler.compile(ConstraintSpec.json_schema(schema), timeout=60).matcher()
+    assert not (m.accept_bytes(b'"2022-01-01T12:00:001Z"') and m.accept_token(EOS))

@@ -90,3 +90,17 @@ def test_invalid_schema_is_refused():
         check_schema({"type": "nonsense"})
     with pytest.raises(ConstraintError):
         check_schema(False)
+
+
+def test_fix_optional_groups():
+    from guided.fsm.schema_check import fix_optional_groups
+
+    assert fix_optional_groups(r"x(ab+)?[)?]\)?(c)??") == r"x(ab+){0,1}[)?]\)?(c){0,1}?"
+    assert check_schema({"type": "string", "pattern": "^a(bc+)?$"})["pattern"] == \
+        "^a(bc+){0,1}$"
+
+
+def test_refs_are_not_given_type_defaults():
+    out = check_schema({"$defs": {"a": {"type": "integer"}},
+                        "properties": {"x": {"$ref": "#/$defs/a"}}, "type": "object"})
+    assert out["properties"]["x"] == {"$ref": "#/$defs/a"}

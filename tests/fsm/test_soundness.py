@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from grammar_soundness import FILES, Checker, load_cases  # noqa: E402
+from grammar_soundness import FILES, Checker, load_cases
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import xgrammar as xgr
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.matcher import Matcher
-from guided.fsm.schema_check import check_schema
+from guided.fsm.schema_check import check_schema, fix_optional_groups
 from guided.fsm.vocab import TokenVocab
 
 
@@ -43,7 +43,8 @@ class XGrammarBackend:
             '{"type": "object"}', strict_mode=False, **self.json_options()), "json_object")
 
     def compile_regex(self, pattern: str) -> xgr.CompiledGrammar:
-        return self._run(lambda: self.compiler.compile_regex(pattern), "regex")
+        fixed = fix_optional_groups(pattern)
+        return self._run(lambda: self.compiler.compile_regex(fixed), "regex")
 
     def compile_grammar(self, ebnf: str) -> xgr.CompiledGrammar:
         return self._run(lambda: self.compiler.compile_grammar(ebnf, root_rule_name="root"),
@@ -64,7 +65,7 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_matcher", "_num_tokens", "_eos")
+    __slots__ = ("_eos", "_matcher", "_num_tokens")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
