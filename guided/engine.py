@@ -15,6 +15,7 @@ from guided.params import SamplingParams
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
+from guided.step_times import StepTimes
 from guided.worker import loader
 from guided.worker.model_runner import ModelRunner
 
@@ -34,7 +35,9 @@ class Engine:
         if self.vocab_size > model_config.vocab_size:
             raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
-        self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size)
+        self.step_times = StepTimes()
+        self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
+                                  step_times=self.step_times)
         del state
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
@@ -134,12 +137,16 @@ class Engine:
         for request in self.scheduler.promote_compiled(self._make_matcher):
             request.error_type = "constraint"
             self._finish(request, "error", error=request.error)
-        sched = self.scheduler.schedule()
+        times = self.step_times
+        with times.phase("schedule"):
+            sched = self.scheduler.schedule()
         if sched.scheduled:
+            times.count("steps")
             constrained = [item.request.matcher is not None for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
                                          lambda bitmask: self._fill_masks(sched, bitmask))
-            self._update(sched, result.sampled, result.logprobs)
+            with times.phase("update"):
+                self._update(sched, result.sampled, result.logprobs)
         return self._collect_outputs()
 
     def _make_matcher(self, request: Request) -> None:
@@ -213,14 +220,16 @@ class Engine:
             self.scheduler.commit_computed(request, base + num_matched)
             self.scheduler.trim_blocks(request)
             if self.config.jump_forward and request.matcher is not None:
-                self._propose_jump(request)
+                with self.step_times.phase("jump_forward"):
+                    self._propose_jump(request)
 
     def _propose_jump(self, request: Request) -> None:
         from guided.fsm.jump_forward import propose_draft_tokens
 
         room = min(request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1,
-                   self.config.max_jump_forward_tokens)
+                   self.config.max_jump_forward_tokens,
+                   self.runner.max_draft_tokens or self.config.max_jump_forward_tokens)
         if room <= 0:
             return
         try:

@@ -11,6 +11,7 @@ import torch
 
 from guided.config import EngineConfig
 from guided.scheduler.scheduler import SchedulerOutput
+from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
@@ -32,6 +33,8 @@ class StepInputs:
     row_owner: list[int]  # (N,) index into sched.scheduled per sampled row
     mask_rows: list[int]  # (N,) bitmask row per sampled row, -1: unconstrained
     num_mask_rows: int
+    query_lens: list[int]  # (B,) new tokens per request
+    has_drafts: bool
 
 
 @dataclass(slots=True)
@@ -54,8 +57,10 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig,
-                 state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int):
+                 state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int,
+                 step_times: StepTimes | None = None):
         self.config = config
+        self.times = step_times or StepTimes()
         self.model_config = model_config
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
@@ -77,9 +82,9 @@ class ModelRunner:
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
-            from guided.worker.cuda_graphs import DecodeGraphs
+            from guided.worker.cuda_graphs import StepGraphs
 
-            self.graphs = DecodeGraphs(
+            self.graphs = StepGraphs(
                 self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
                 block_size=self.block_size, scratch_block=self.num_blocks, device=self.device)
@@ -191,12 +196,16 @@ class ModelRunner:
             meta=meta,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(dev,
                                                                                non_blocking=True),
-            rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows)
+            rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows,
+            query_lens=[b - a for a, b in zip(query_start, query_start[1:])],
+            has_drafts=any(item.num_draft_tokens for item in sched.scheduled))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, constrained: list[bool],
                 fill_masks: MaskFiller) -> RunnerOutput:
-        inputs = self.prepare(sched, constrained)
+        times = self.times
+        with times.phase("prepare"):
+            inputs = self.prepare(sched, constrained)
         bitmask_host = None
         mask_job = None
         if inputs.num_mask_rows:
@@ -204,7 +213,8 @@ class ModelRunner:
                                        pin_memory=self.device.type == "cuda")
             # the host fills the grammar masks while the device runs the forward pass
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
-        hidden = self._forward(inputs)
+        with times.phase("forward_launch"):
+            hidden = self._forward(inputs)
         num_sched = len(sched.scheduled)
         sampled: list[list[int]] = [[] for _ in range(num_sched)]
         logprobs: list[list] = [[] for _ in range(num_sched)]
@@ -215,12 +225,14 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
         bitmask = mask_rows = None
         if mask_job is not None:
-            mask_job.result()
+            with times.phase("mask_wait"):
+                mask_job.result()
             bitmask = bitmask_host.to(self.device, non_blocking=True)
             mask_rows = torch.tensor(inputs.mask_rows, dtype=torch.int32).to(self.device,
                                                                              non_blocking=True)
-        out: SamplerOutput = sample(logits, inputs.rows, bitmask, mask_rows,
-                                    vocab_size=self.vocab_size)
+        with times.phase("sample_and_sync"):
+            out: SamplerOutput = sample(logits, inputs.rows, bitmask, mask_rows,
+                                        vocab_size=self.vocab_size)
         for row, owner in enumerate(inputs.row_owner):
             sampled[owner].append(out.token_ids[row])
             logprobs[owner].append(out.logprobs[row])
@@ -229,10 +241,23 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         meta = inputs.meta
         num_tokens = inputs.input_ids.shape[0]
-        if (self.graphs is not None and meta.max_query_len == 1
-                and self.graphs.can_run(num_tokens, meta.block_tables.shape[1])):
-            return self.graphs.run(inputs.input_ids, inputs.positions, meta)
+        key = None if self.graphs is None else self.graphs.pick(
+            meta, num_tokens, has_drafts=inputs.has_drafts)
+        if key is not None:
+            self.times.count(f"graph_{key[0]}")
+            return self.graphs.run(key, inputs.input_ids, inputs.positions, meta,
+                                   inputs.query_lens)
+        self.times.count("eager")
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
+
+    @property
+    def max_draft_tokens(self) -> int | None:
+        """Drafts per request that keep a verify step inside a CUDA graph (None: no limit)."""
+        if self.graphs is None:
+            return None
+        from guided.worker.cuda_graphs import MAX_QUERY_LEN
+
+        return MAX_QUERY_LEN - 1
 
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False)

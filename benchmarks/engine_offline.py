@@ -1,0 +1,80 @@
+"""Offline engine throughput on a workload file, with the host's time per step phase:
+
+    python benchmarks/engine_offline.py --model synthetic:llama-3-8b \
+        --workload .work/json.jsonl --num-requests 256 --concurrency 64 [--free]
+
+--free drops the constraints and forces the same output lengths (ignore_eos), for the
+constrained / unconstrained ratio on the same prompts. Workload files come from
+`benchmarks/serve.py --export-workload`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from guided import SamplingParams
+from guided.config import EngineConfig
+from guided.engine import Engine
+
+
+def load(path: str, n: int) -> list[dict]:
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows[:n]
+
+
+def params_for(row: dict, max_tokens: int, free: bool) -> SamplingParams:
+    body = row.get("body", row)
+    fmt = body.get("response_format") or {}
+    schema = (fmt.get("json_schema") or {}).get("schema") if not free else None
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, json_schema=schema,
+                          ignore_eos=free)
+
+
+def run(engine: Engine, rows: list[dict], max_tokens: int, free: bool) -> dict:
+    t0 = time.perf_counter()
+    engine.step_times.reset()
+    ids, refused, tokens = [], 0, 0
+    for i, row in enumerate(rows):
+        body = row.get("body", row)
+        prompt = engine.tokenizer.apply_chat_template(body["messages"], tokenize=True,
+                                                      add_generation_prompt=True)
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        engine.add_request(f"q{i}", prompt, params_for(row, max_tokens, free))
+        ids.append(f"q{i}")
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens += len(out.token_ids)
+                refused += out.finish_reason == "error"
+    elapsed = time.perf_counter() - t0
+    return {"tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed,
+            "refused": refused, "phases": engine.step_times.summary()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--free", action="store_true")
+    ap.add_argument("--no-jump-forward", action="store_true")
+    args = ap.parse_args()
+    engine = Engine(EngineConfig(model=args.model, max_num_seqs=args.concurrency,
+                                 jump_forward=not args.no_jump_forward))
+    rows = load(args.workload, args.num_requests)
+    run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
+    r = run(engine, rows, args.max_tokens, args.free)
+    label = "free" if args.free else "constrained"
+    print(f"{args.model} {label} conc {args.concurrency}: {r['tok_s']:.0f} tok/s "
+          f"({r['tokens']} tokens in {r['seconds']:.1f} s, {r['refused']} refused)\n"
+          f"  {r['phases']}", file=sys.stderr)
+    print(json.dumps({"model": args.model, "mode": label, **r}))
+
+
+if __name__ == "__main__":
+    main()
