@@ -151,6 +151,10 @@ class Server:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} in the completion).", param="max_tokens")
+        if len(job.params) + req.n > self.max_choices:
+            raise InvalidRequestError(
+                f"n={req.n} is more than the {self.max_choices} requests this server queues at "
+                "once (max_waiting_requests)", param="n")
         job.constraint_param, constraint = constraint_kwargs(req, tool_constraint)
         for i in range(req.n):
             job.params.append(SamplingParams(

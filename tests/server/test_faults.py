@@ -1,0 +1,283 @@
+"""Faults on a real server of its own (2 running sequences, 4 requests in flight at most): clients
+that disconnect at every stage are aborted cleanly (no KV block or running request left), a
+flood past the waiting queue gets 503s with error bodies while every accepted request completes,
+and SIGTERM drains gracefully (the in-flight stream ends properly, exit status 0)."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_NUM_SEQS, MAX_WAITING = 2, 4
+DRAIN_S = 5
+CHAT = "/v1/chat/completions"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(url, process) of a `guided serve` with a tiny engine; the last test stops it."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("faults") / "server.log"
+    cmd = [sys.executable, "-m", "guided.server.cli", "serve", "--port", str(port),
+           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
+           "--drain-timeout", str(DRAIN_S), "--log-level", "info"]
+    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the server did not come up:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.5)
+    yield url, proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    log.close()
+    print(f"\nserver log: {log_path}")
+
+
+@pytest.fixture
+def url(server):
+    return server[0]
+
+
+def metrics(url: str) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def wait_for(url: str, condition, timeout: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(url)
+        if condition(m):
+            return m
+        assert time.monotonic() < deadline, {k: v for k, v in m.items()
+                                             if k.startswith("guided_") and "bucket" not in k}
+        time.sleep(0.2)
+
+
+def idle(m: dict[str, float]) -> bool:
+    return (m["guided_kv_blocks_in_use"] == 0 and m["guided_requests_running"] == 0
+            and m["guided_requests_waiting"] == 0)
+
+
+def aborts(m: dict[str, float]) -> float:
+    return m.get('guided_requests_total{finish_reason="abort"}', 0.0)
+
+
+def long_chat(**fields) -> dict:
+    return {"model": "default", "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 2000, "ignore_eos": True, "temperature": 0.8, **fields}
+
+
+def disconnect_after(url: str, body: dict, seconds: float) -> None:
+    """Send body and hang up after `seconds` without reading a response."""
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=url) as client:
+        client.post(CHAT, json=body, timeout=httpx.Timeout(30, read=seconds))
+
+
+class Streamer(threading.Thread):
+    """A streaming request read in the background; stop() hangs up mid-stream."""
+
+    def __init__(self, url: str, body: dict):
+        super().__init__(daemon=True)
+        self.url, self.body = url, {**body, "stream": True}
+        self.events: list[str] = []
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._hang_up = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, timeout=60) as client, \
+                    client.stream("POST", CHAT, json=self.body) as response:
+                self.status = response.status_code
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line[len("data: "):])
+                    if self._hang_up.is_set():
+                        return  # closing the response mid-stream drops the connection
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.error = e
+
+    def wait_events(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < n:
+            assert self.is_alive() or len(self.events) >= n, (self.status, self.error)
+            assert time.monotonic() < deadline, "no stream events"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._hang_up.set()
+        self.join(30)
+        assert not self.is_alive()
+
+
+# ---- client disconnects at every stage ----------------------------------------------------------
+
+def test_disconnect_while_streaming(url):
+    before = aborts(metrics(url))
+    streamer = Streamer(url, long_chat())
+    streamer.start()
+    streamer.wait_events(3)
+    assert metrics(url)["guided_kv_blocks_in_use"] > 0
+    streamer.stop()
+    m = wait_for(url, idle)
+    assert aborts(m) == before + 1
+
+
+def test_disconnect_while_queued(url):
+    blockers = [Streamer(url, long_chat()) for _ in range(MAX_NUM_SEQS)]
+    for b in blockers:
+        b.start()
+    for b in blockers:
+        b.wait_events(2)
+    before = aborts(metrics(url))
+    thread = threading.Thread(target=disconnect_after, args=(url, long_chat(max_tokens=5), 3.0))
+    thread.start()
+    wait_for(url, lambda m: m["guided_requests_waiting"] >= 1)
+    thread.join()
+    m = wait_for(url, lambda m: m["guided_requests_waiting"] == 0)
+    assert m["guided_requests_running"] == MAX_NUM_SEQS  # the queued one left, nothing else
+    for b in blockers:
+        b.stop()
+    m = wait_for(url, idle)
+    assert aborts(m) == before + 1 + MAX_NUM_SEQS
+
+
+def test_disconnect_while_compiling(url):
+    # A schema that takes seconds to compile (a huge maxLength), made unique so no cache has it.
+    schema = {"type": "string", "maxLength": 10 ** 9 + random.randrange(10 ** 6)}
+    before = metrics(url)
+    start = time.monotonic()
+    disconnect_after(url, long_chat(json_schema=schema, max_tokens=4), 1.0)
+    assert time.monotonic() - start < 5
+    # The compile finishes in the background; the request never reaches the engine.
+    time.sleep(8)
+    after = wait_for(url, idle)
+    assert after["guided_prompt_tokens_total"] == before["guided_prompt_tokens_total"]
+    streaming = {**long_chat(json_schema={**schema, "maxLength": schema["maxLength"] + 1}),
+                 "stream": True, "max_tokens": 4}
+    disconnect_after(url, streaming, 1.0)
+    time.sleep(8)
+    after = wait_for(url, idle)
+    assert after["guided_prompt_tokens_total"] == before["guided_prompt_tokens_total"]
+
+
+def open_request(url: str, path: str, body: dict) -> socket.socket:
+    """Send a request on a raw socket (the test decides when to hang up)."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_disconnect_while_prefilling(url):
+    before = metrics(url)
+    prompt = "the cat sat on the mat " * 800  # ~4,800 tokens: 3 chunks of prefill
+    sock = open_request(url, "/v1/completions", {"model": "default", "prompt": prompt,
+                                                 "max_tokens": 16})
+    m = wait_for(url, lambda m: m["guided_kv_blocks_in_use"] > 0, timeout=60)
+    sock.close()
+    # Still prefilling when the client left: no token had been generated.
+    assert m["guided_generation_tokens_total"] == before["guided_generation_tokens_total"]
+    m = wait_for(url, idle, timeout=60)
+    assert aborts(m) == aborts(before) + 1  # finishing would count as "length", not "abort"
+
+
+def test_disconnect_with_n_choices(url):
+    before = aborts(metrics(url))
+    streamer = Streamer(url, long_chat(n=2))
+    streamer.start()
+    streamer.wait_events(4)
+    streamer.stop()
+    m = wait_for(url, idle)
+    assert aborts(m) == before + 2
+
+
+# ---- overload -----------------------------------------------------------------------------------
+
+def test_flood_gets_503_past_the_queue(url):
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 12, "ignore_eos": True}
+
+    def one(_):
+        with httpx.Client(base_url=url, timeout=120) as client:
+            return client.post(CHAT, json=body)
+
+    with ThreadPoolExecutor(24) as pool:
+        responses = list(pool.map(one, range(24)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(503) > 0 and statuses.count(200) >= MAX_WAITING, statuses
+    for r in responses:
+        if r.status_code == 503:
+            error = r.json()["error"]
+            assert error["code"] == "overloaded" and error["type"] == "server_error"
+        else:
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and r.json()["usage"][
+                "completion_tokens"] == 12
+    wait_for(url, idle)
+    assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
+
+
+def test_n_beyond_the_queue_is_a_400(url):
+    response = httpx.post(url + CHAT, json={
+        "model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        "n": MAX_WAITING + 1}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "n"
+    wait_for(url, idle)
+
+
+# ---- graceful shutdown (runs last: it stops the module's server) --------------------------------
+
+def test_sigterm_drains_and_exits_0(server):
+    url, proc = server
+    streamer = Streamer(url, long_chat())
+    streamer.start()
+    streamer.wait_events(3)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(DRAIN_S + 30) == 0
+    assert time.monotonic() - start < DRAIN_S + 30
+    streamer.join(30)
+    assert streamer.error is None, streamer.error
+    assert streamer.events[-1] == "[DONE]"  # finished or aborted, but ended properly
+    assert '"finish_reason": ' in streamer.events[-2]
