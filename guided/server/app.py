@@ -38,7 +38,8 @@ from guided.server.streaming import (
     sse_response,
     unless_disconnected,
 )
-from guided.server.tools import build_messages, parse_output, plan_tools, template_supports_tools
+from guided.server.tool_output import parse_output
+from guided.server.tools import build_messages, plan_tools, template_supports_tools
 
 logger = logging.getLogger("guided.server")
 

@@ -9,7 +9,8 @@ from guided.errors import ConstraintError, InvalidRequestError
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
-from guided.server.tools import ParsedCall, ToolPlan
+from guided.server.tool_output import ParsedCall
+from guided.server.tools import ToolPlan
 
 
 class ModelNotFound(Exception):

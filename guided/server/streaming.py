@@ -16,7 +16,7 @@ from guided.async_engine import RequestStream
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
-from guided.server.tools import ToolCallStreamer
+from guided.server.tool_output import ToolCallStreamer
 
 if TYPE_CHECKING:
     from guided.server.app import Server

@@ -23,16 +23,24 @@ as their JSON; templates that mention `tools` get them natively.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from guided.errors import InvalidRequestError
 from guided.server.protocol import ChatMessage, NamedToolChoice, Tool
+from guided.server.tool_output import (  # noqa: F401 - the output half, re-exported
+    ARGS_KEY,
+    CONTENT_KEY,
+    CallSpan,
+    ParsedCall,
+    ToolCallStreamer,
+    new_call_id,
+    output_kind,
+    parse_output,
+    scan_calls,
+)
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-ARGS_KEY = "parameters"  # a call's arguments in the model's output (see the module docstring)
-CONTENT_KEY = "content"  # auto: a text answer
 CONTENT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {CONTENT_KEY: {"type": "string"}},
                                   "required": [CONTENT_KEY], "additionalProperties": False}
 
@@ -205,240 +213,3 @@ def _args_obj(arguments: str | dict) -> Any:
         return json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
-
-
-# ---- output -------------------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class CallSpan:
-    """One top-level JSON object found in the (possibly partial) output text."""
-
-    first_key: str | None = None
-    name: str | None = None
-    args_start: int | None = None
-    args_end: int | None = None  # exclusive; None while the arguments are incomplete
-    content_start: int | None = None  # auto's {"content": "..."}: the string's opening quote
-    content_end: int | None = None
-    complete: bool = False
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def scan_calls(text: str) -> list[CallSpan]:
-    """The objects `{"name": ..., "parameters": ...}` (or `{"content": ...}`) in text, in order;
-    the last one may be partial. Array brackets, commas and whitespace between them are skipped."""
-    calls: list[CallSpan] = []
-    i, n = 0, len(text)
-    while i < n:
-        if text[i] == "{":
-            span, i = _scan_object(text, i)
-            calls.append(span)
-            if not span.complete:
-                break
-        else:
-            i += 1
-    return calls
-
-
-def _scan_object(text: str, i: int) -> tuple[CallSpan, int]:
-    span, n = CallSpan(), len(text)
-    i += 1
-    while True:
-        i = _skip_ws(text, i)
-        if i >= n:
-            return span, n
-        if text[i] == "}":
-            span.complete = True
-            return span, i + 1
-        if text[i] == ",":
-            i += 1
-            continue
-        key_end = _skip_string(text, i) if text[i] == '"' else None
-        if key_end is None:
-            return span, n
-        key = json.loads(text[i:key_end])
-        span.first_key = span.first_key or key
-        i = _skip_ws(text, key_end)
-        if i >= n or text[i] != ":":
-            return span, n
-        start = _skip_ws(text, i + 1)
-        end = _skip_value(text, start)
-        if key in (ARGS_KEY, "arguments"):
-            span.args_start, span.args_end = start, end
-        elif key == CONTENT_KEY and start < n and text[start] == '"':
-            span.content_start, span.content_end = start, end
-        elif key == "name" and end is not None:
-            span.name = json.loads(text[start:end])
-        if end is None:
-            return span, n
-        i = end
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def _skip_string(text: str, i: int) -> int | None:
-    j, n = i + 1, len(text)
-    while j < n:
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return None
-
-
-def _skip_value(text: str, i: int) -> int | None:
-    n = len(text)
-    if i >= n:
-        return None
-    c = text[i]
-    if c == '"':
-        return _skip_string(text, i)
-    if c in "{[":
-        depth, j = 0, i
-        while j < n:
-            ch = text[j]
-            if ch == '"':
-                end = _skip_string(text, j)
-                if end is None:
-                    return None
-                j = end
-                continue
-            if ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
-    j = i
-    while j < n and text[j] not in ",}] \t\r\n":
-        j += 1
-    return j if j < n else None
-
-
-def _partial_string(raw: str) -> str:
-    """The decoded longest prefix of a JSON string body that may end inside an escape sequence
-    (at most 12 characters: a surrogate pair), never ending in half a surrogate pair."""
-    for cut in range(len(raw), max(len(raw) - 13, -1), -1):
-        try:
-            text = json.loads('"' + raw[:cut] + '"')
-        except json.JSONDecodeError:
-            continue
-        if not text or not "\ud800" <= text[-1] <= "\udbff":
-            return text
-    return ""
-
-
-@dataclass(slots=True)
-class ParsedCall:
-    id: str
-    name: str
-    arguments: str  # the JSON text of the arguments, as the model wrote it
-
-
-def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
-    """Whether the output is tool calls, a text answer (auto's {"content": ...}), or unknown yet."""
-    if plan.json_output:
-        return "tools"
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        return "tools"
-    spans = scan_calls(stripped[:200])
-    if not spans or spans[0].first_key is None:
-        return None
-    return "text" if spans[0].first_key == CONTENT_KEY else "tools"
-
-
-def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall] | None]:
-    """(content, tool calls) of a finished output. An output cut by max_tokens is returned as
-    its raw text (auto text answers: the decoded part of the content)."""
-    kind = output_kind(plan, text)
-    if kind == "text":
-        span = scan_calls(text)[0]
-        raw_end = span.content_end - 1 if span.content_end is not None else len(text)
-        return _partial_string(text[span.content_start + 1:raw_end]), None
-    if kind is None:
-        return text, None
-    spans = scan_calls(text)
-    if not spans or not all(s.complete and s.name is not None and s.args_end is not None
-                            for s in spans):
-        return text, None
-    calls = []
-    for s in spans:
-        raw = text[s.args_start:s.args_end]
-        try:
-            json.loads(raw)
-        except json.JSONDecodeError:
-            return text, None
-        calls.append(ParsedCall(new_call_id(), s.name, raw))
-    return None, calls
-
-
-@dataclass(slots=True)
-class StreamedCall:
-    id: str
-    name: str
-    sent_args: int = 0  # characters of the arguments already streamed
-
-
-class ToolCallStreamer:
-    """Turns a growing output text into OpenAI deltas: content (auto's text answers, unwrapped)
-    or tool calls, whose first delta has the id and name (arguments "") and later ones the new
-    characters of the arguments."""
-
-    def __init__(self, plan: ToolPlan):
-        self.plan = plan
-        self.calls: list[StreamedCall] = []
-        self.sent_content = 0
-
-    def deltas(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        kind = output_kind(self.plan, text)
-        if kind == "text":
-            return self._content(text), []
-        if kind == "tools":
-            return "", self._calls(text)
-        return "", []
-
-    def _content(self, text: str) -> str:
-        span = scan_calls(text)[0]
-        if span.content_start is None:
-            return ""
-        raw_end = span.content_end - 1 if span.content_end is not None else len(text)
-        content = _partial_string(text[span.content_start + 1:raw_end])
-        new = content[self.sent_content:]
-        self.sent_content = len(content)
-        return new
-
-    def _calls(self, text: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for index, span in enumerate(scan_calls(text)):
-            if span.name is None:
-                break
-            if index == len(self.calls):
-                self.calls.append(StreamedCall(new_call_id(), span.name))
-                out.append({"index": index, "id": self.calls[index].id, "type": "function",
-                            "function": {"name": span.name, "arguments": ""}})
-            call = self.calls[index]
-            if span.args_start is None:
-                continue
-            if span.args_end is None:  # trailing whitespace may turn out to be outside them
-                args = text[span.args_start:].rstrip(" \t\r\n")
-            else:
-                args = text[span.args_start:span.args_end]
-            if len(args) > call.sent_args:
-                new = args[call.sent_args:]
-                call.sent_args = len(args)
-                if out and out[-1]["index"] == index:
-                    out[-1]["function"]["arguments"] += new
-                else:
-                    out.append({"index": index, "function": {"arguments": new}})
-        return out
