@@ -68,7 +68,7 @@ FORMAT_PATTERNS = {
 UNENFORCEABLE_FORMATS = frozenset({"ipv6", "regex", "idn-email", "idn-hostname", "json-pointer",
                                    "relative-json-pointer", "iri", "iri-reference",
                                    "uri-template"})
-# Formats jsonschema does not check here but xgrammar enforces: keeping them only narrows output.
+# Formats xgrammar enforces; jsonschema checks them when its [format] extras are installed.
 XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "hostname", "duration"})
 # Regex syntax whose meaning differs between xgrammar and Python's re (which jsonschema uses):
 # lookaround is ignored by xgrammar; negated classes \D \W \S are ASCII-only there (so they
@@ -311,8 +311,15 @@ class _Rewriter:
         elif fmt in UNENFORCEABLE_FORMATS:
             raise _refuse("format", pointer, f"format '{fmt}' cannot be enforced; supported: "
                           f"{sorted(FORMAT_PATTERNS) + sorted(XGRAMMAR_FORMATS)}")
-        elif fmt not in XGRAMMAR_FORMATS or any(k in node for k in STRING_KEYWORDS - {"format"}):
-            node.pop("format")  # not checked by the validator either: dropping it is exact
+        elif fmt in XGRAMMAR_FORMATS:
+            # jsonschema[format] (rfc3987, fqdn, isoduration) checks these where installed:
+            # keep xgrammar's check, which ignores pattern and length bounds beside a format
+            for kw in ("pattern", "minLength", "maxLength"):
+                if kw in node:
+                    raise _refuse(kw, pointer, f"'{kw}' together with format '{fmt}' is not "
+                                               f"supported")
+        else:
+            node.pop("format")  # a format no validator checks: dropping it is exact
 
     def _rewrite_object(self, node: dict, pointer: str) -> None:
         props = node.get("properties")
