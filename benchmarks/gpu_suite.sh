@@ -28,4 +28,18 @@ baseline-8b|baseline)
   python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests 128 \
     --batch-size 64 --max-tokens 256 --label "$M" 2>>"$out/baseline.err" | tee "$out/baseline.md"
   ;;
+default)
+  # the default model (real weights): decode table, jump-forward on/off, serving, baseline
+  python benchmarks/decode_throughput.py --model default --batch 1,16,64,256 \
+    2>>"$out/decode.err" | tee "$out/decode_default.md"
+  python benchmarks/jump_forward.py --device cuda --data "${DATA:-../shared/data}" \
+    2>>"$out/jf.err" | tee "$out/jump_forward.md"
+  M=default
+  serve --launch "--model $M" --workload $w/json.jsonl --num-requests 512 --concurrency 64,256 \
+    --max-tokens 256 --label "$M constrained"
+  serve --launch "--model $M" --workload $w/chat.jsonl --num-requests 512 --concurrency 64,256 \
+    --max-tokens 256 --ignore-eos --label "$M free"
+  python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests 128 \
+    --batch-size 64 --max-tokens 256 --label "$M" 2>>"$out/baseline.err" | tee "$out/baseline.md"
+  ;;
 esac
