@@ -47,6 +47,10 @@ class XGrammarBackend:
         return self._run(lambda: self.compiler.compile_regex(fixed), "regex")
 
     def compile_grammar(self, ebnf: str) -> xgr.CompiledGrammar:
+        """xgrammar's GBNF-style EBNF (as llama.cpp / vLLM / SGLang accept): rules
+        `name ::= expr`, the start rule named `root`, "literals" with JSON-style escapes,
+        [a-z] / [^...] character classes, grouping ( ), alternation |, repetition * + ? {m,n},
+        # comments. Lark syntax (`start:`, `%import`) is not accepted."""
         return self._run(lambda: self.compiler.compile_grammar(ebnf, root_rule_name="root"),
                          "grammar")
 
