@@ -35,6 +35,7 @@ from common import (
     run_batch,
     sample_stratified,
     schema_messages,
+    set_torch_threads,
     validation_error,
 )
 
@@ -59,6 +60,7 @@ def refusal_keyword(message: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from guided import LLM, SamplingParams
 
+    set_torch_threads(args.threads)
     cases = sample_stratified(load_jsonschemabench(args.data), args.num_schemas, seed=args.seed)
     if args.limit:
         cases = cases[::max(1, len(cases) // args.limit)][:args.limit]
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-max-tokens", type=int, default=768)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 

@@ -25,6 +25,7 @@ from common import (
     run_batch,
     sample_stratified,
     schema_messages,
+    set_torch_threads,
 )
 
 
@@ -50,6 +51,7 @@ def pick_schemas(llm, data: Path, num: int, seed: int, max_tokens: int) -> tuple
 def run(args: argparse.Namespace) -> int:
     from guided import LLM, SamplingParams
 
+    set_torch_threads(args.threads)
     config = {"device": args.device, "max_num_seqs": max(8, args.batch), "cpu_kv_cache_gb": 1.0}
     llms = {"off": LLM(jump_forward=False, **config), "on": LLM(jump_forward=True, **config)}
     cases, params = pick_schemas(llms["off"], args.data, args.batch * 2, args.seed,
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 

@@ -26,6 +26,7 @@ from common import (
     run_sequential,
     sample_stratified,
     schema_messages,
+    set_torch_threads,
 )
 
 
@@ -79,6 +80,7 @@ def compare(cases: list, on: list, off: list) -> tuple[int, int, list[str]]:
 def run(args: argparse.Namespace) -> int:
     from guided import LLM, SamplingParams
 
+    set_torch_threads(args.threads)
     cases = load_cases(args.data, args.num_jsb, args.num_bfcl, args.seed)
     if args.limit:
         cases = cases[::max(1, len(cases) // args.limit)][:args.limit]
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 
