@@ -44,6 +44,8 @@ def load_model(name: str, device: str, dtype: torch.dtype):
     from guided.worker.model_config import SYNTHETIC_SHAPES
 
     tokenizer = load_tokenizer(name)
+    if tokenizer.pad_token is None:  # left padding needs one; the model never sees it
+        tokenizer.pad_token = tokenizer.eos_token
     if not name.startswith("synthetic:"):
         model = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(name)), dtype=dtype)
         return model.to(device).eval(), tokenizer
