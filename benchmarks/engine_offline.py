@@ -33,25 +33,45 @@ def params_for(row: dict, max_tokens: int, free: bool) -> SamplingParams:
                           ignore_eos=free)
 
 
-def run(engine: Engine, rows: list[dict], max_tokens: int, free: bool) -> dict:
+def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: bool,
+        tag: str = "q") -> dict:
+    """All rows submitted at once (max_num_seqs is the concurrency); max_tokens per row when a
+    list (the paired run forces the constrained run's lengths)."""
     t0 = time.perf_counter()
     engine.step_times.reset()
-    ids, refused, tokens = [], 0, 0
+    refused, tokens = 0, 0
+    lengths: dict[int, int] = {}
     for i, row in enumerate(rows):
         body = row.get("body", row)
         prompt = engine.tokenizer.apply_chat_template(body["messages"], tokenize=True,
                                                       add_generation_prompt=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        engine.add_request(f"q{i}", prompt, params_for(row, max_tokens, free))
-        ids.append(f"q{i}")
+        limit = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
+        engine.add_request(f"{tag}{i}", prompt, params_for(row, limit, free))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 tokens += len(out.token_ids)
                 refused += out.finish_reason == "error"
+                lengths[int(out.request_id[len(tag):])] = len(out.token_ids)
     elapsed = time.perf_counter() - t0
     return {"tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed,
-            "refused": refused, "phases": engine.step_times.summary()}
+            "refused": refused, "phases": engine.step_times.summary(),
+            "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
+
+
+def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
+    """Constrained vs unconstrained on the same prompts with the same output lengths, grammars
+    compiled beforehand (compile time is measured by bench_grammar.py): the cost of masking.
+    Refused schemas are dropped from both runs."""
+    warm = run(engine, rows, 1, free=False, tag="w")  # compiles every grammar once
+    kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+    constrained = run(engine, kept, max_tokens, free=False, tag="c")
+    lengths = [max(1, n) for n in constrained["lengths"]]
+    free = run(engine, kept, lengths, free=True, tag="f")
+    constrained_again = run(engine, kept, max_tokens, free=False, tag="d")
+    return [dict(mode="constrained", **constrained), dict(mode="free", **free),
+            dict(mode="constrained (repeat)", **constrained_again)]
 
 
 def main() -> None:
@@ -63,11 +83,26 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--free", action="store_true")
     ap.add_argument("--no-jump-forward", action="store_true")
+    ap.add_argument("--paired", action="store_true",
+                    help="constrained vs free with matched lengths, grammars precompiled")
     args = ap.parse_args()
     engine = Engine(EngineConfig(model=args.model, max_num_seqs=args.concurrency,
                                  jump_forward=not args.no_jump_forward))
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
+    if args.paired:
+        results = paired(engine, rows, args.max_tokens)
+        print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
+              f"{'off' if args.no_jump_forward else 'on'}: same prompts, same output lengths\n")
+        print("| mode | requests | tokens | seconds | output tok/s | ratio to free |")
+        print("|---|---|---|---|---|---|")
+        free_tps = results[1]["tok_s"]
+        for r in results:
+            print(f"| {r['mode']} | {len(r['lengths'])} | {r['tokens']} | {r['seconds']:.1f} | "
+                  f"{r['tok_s']:.0f} | {r['tok_s'] / free_tps:.3f} |")
+        for r in results:
+            print(f"  {r['mode']}: {r['phases']}", file=sys.stderr)
+        return
     r = run(engine, rows, args.max_tokens, args.free)
     label = "free" if args.free else "constrained"
     print(f"{args.model} {label} conc {args.concurrency}: {r['tok_s']:.0f} tok/s "

@@ -114,13 +114,14 @@ class ModelRunner:
             return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
         if self.device.type == "cuda":
+            # gpu_memory_utilization is this engine's share of the GPU (weights, activations and
+            # KV together), as in vLLM, so two engines at 0.4 each fit on one GPU
             free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            # room for activations and logits of the largest step
+            weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
             reserve = (self.config.max_num_batched_tokens
                        * (self.model_config.vocab_size * 4 + self.model_config.intermediate_size
-                          * 8)) + (1 << 30)
-            budget = total * self.config.gpu_memory_utilization - used - reserve
+                          * 8)) + (1 << 30)  # activations, logits, CUDA graphs
+            budget = min(total * self.config.gpu_memory_utilization - weights, free) - reserve
         else:
             budget = self.config.cpu_kv_cache_gb * (1 << 30)
         num = int(budget // per_block)
