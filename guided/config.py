@@ -41,7 +41,7 @@ class EngineConfig:
     compile_timeout_s: float = 30.0
     grammar_cache_size: int = 512
     max_grammar_bytes: int = 1_000_000
-    mask_threads: int = 4
+    mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
 
     # GPU execution
     cuda_graphs: bool = True

@@ -1,8 +1,10 @@
-"""Fill many requests' bitmask rows at once: serial for small batches, threads for large ones.
+"""Fill many requests' bitmask rows at once: serial for small batches, in parallel for large.
 
-xgrammar's fill_next_token_bitmask releases the GIL, so rows fill in parallel threads. A thread
-hand-off costs ~20-40 µs per task on these machines while one row fills in ~40-60 µs, so below
-PARALLEL_THRESHOLD rows the serial loop is faster (see benchmarks/bench_grammar.py).
+xgrammar matchers of a large batch go to xgrammar's BatchGrammarMatcher, which fills all rows
+in its own C++ threads in one call (no Python per row, no GIL hand-offs); other matchers
+(outlines-core) fill in Python threads. A thread hand-off costs ~20-40 µs per task on these
+machines while one row fills in ~40-60 µs, so below PARALLEL_THRESHOLD rows the serial loop is
+faster (see benchmarks/bench_grammar.py).
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
         for matcher, row in items:
             matcher.fill_bitmask(bitmask, row)
         return
+    items = _fill_xgrammar_batch(items, bitmask, num_threads)
+    if not items:
+        return
     # one contiguous chunk of rows per thread: fewer hand-offs than one task per row
     num_chunks = min(num_threads, len(items))
     chunks = [items[i::num_chunks] for i in range(num_chunks)]
@@ -50,3 +55,29 @@ def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
 
     for future in [_get_pool(num_threads).submit(fill, c) for c in chunks]:
         future.result()
+
+
+_batch_matcher = None
+
+
+def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor,
+                         num_threads: int) -> list[tuple[Matcher, int]]:
+    """Fill the rows of live xgrammar matchers in one batched call; returns the other items."""
+    global _batch_matcher
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+    batch = [(m, row) for m, row in items
+             if isinstance(m, XGrammarMatcher) and not m.is_terminated()]
+    if len(batch) < 2:
+        return items
+    import xgrammar as xgr
+
+    if _batch_matcher is None:
+        import os
+
+        threads = max(1, min(num_threads, os.cpu_count() or 1))
+        _batch_matcher = xgr.BatchGrammarMatcher(max_threads=threads)
+    _batch_matcher.batch_fill_next_token_bitmask(
+        [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
+    done = {id(m) for m, _ in batch}
+    return [(m, row) for m, row in items if id(m) not in done]

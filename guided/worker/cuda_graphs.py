@@ -21,6 +21,10 @@ from guided.worker.attention_metadata import AttentionMetadata
 log = logging.getLogger(__name__)
 
 MAX_QUERY_LEN = 8  # tokens per request in a verify graph: 1 + up to 7 drafts
+# Verify graphs cover steps of up to this many tokens; larger drafted steps run eagerly.
+# (Replays of verify graphs above 512 tokens hit an illegal-instruction fault on an H200 at
+# concurrency 256, not yet understood: kept out until it is.)
+MAX_VERIFY_TOKENS = 512
 
 
 def decode_batch_sizes(max_batch: int) -> list[int]:
@@ -30,7 +34,7 @@ def decode_batch_sizes(max_batch: int) -> list[int]:
 
 def verify_token_counts(max_tokens: int) -> list[int]:
     counts = [8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
-    return [c for c in counts if c <= max(max_tokens, 8)]
+    return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
 
 
 class StepGraphs:

@@ -76,6 +76,10 @@ class XGrammarMatcher(Matcher):
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
 
+    @property
+    def xgrammar_matcher(self) -> xgr.GrammarMatcher:
+        return self._matcher
+
     def accept_token(self, token_id: int) -> bool:
         if not 0 <= token_id < self._num_tokens or self._matcher.is_terminated():
             return False
