@@ -27,6 +27,7 @@ class SchemaCase:
     id: str
     subset: str
     schema: dict | bool
+    example_chars: int = 0  # the longest valid instance given with the schema, as compact JSON
 
 
 def set_torch_threads(num: int) -> None:
@@ -57,8 +58,9 @@ def load_jsonschemabench(data_dir: Path, subsets: Iterable[str] | None = None
     for subset in subsets or JSB_SUBSETS:
         path = folder / f"{subset}.jsonl"
         if path.exists():
-            out[subset] = [SchemaCase(r["id"], r.get("subset", subset), r["schema"])
-                           for r in _read_jsonl(path)]
+            out[subset] = [SchemaCase(r["id"], r.get("subset", subset), r["schema"], max(
+                (len(json.dumps(v, separators=(",", ":"))) for v in r.get("valid") or []),
+                default=0)) for r in _read_jsonl(path)]
     return out
 
 

@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if not cases:
         progress(f"no schemas under {args.data}")
         return 2
-    config = {"device": args.device, "max_num_seqs": args.max_num_seqs, "cpu_kv_cache_gb": 1.0}
+    config = {"device": args.device, "max_num_seqs": args.max_num_seqs, "cpu_kv_cache_gb": 1.0,
+              # two engines share the GPU: each takes part of its memory
+              "gpu_memory_utilization": 0.4}
     llms = {"on": LLM(jump_forward=True, **config), "off": LLM(jump_forward=False, **config)}
     prompts = [llms["on"].apply_chat_template(schema_messages(c.schema)) for c in cases]
     params = [SamplingParams(json_schema=c.schema, temperature=0, max_tokens=args.max_tokens)

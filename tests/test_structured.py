@@ -164,7 +164,7 @@ def test_a_sample_of_compliance_schemas_is_valid_or_refused(llm):
     common = load_common()
     subsets = ["Glaiveai2K", "Github_easy", "Kubernetes", "Snowplow", "JME", "BFCL_simple"]
     cases = common.sample_stratified(common.load_jsonschemabench(DATA, subsets), 8, seed=7)
-    params = [SamplingParams(json_schema=c.schema, temperature=0, max_tokens=128) for c in cases]
+    params = [SamplingParams(json_schema=c.schema, temperature=0, max_tokens=96) for c in cases]
     outs = llm.generate([chat(llm, common.schema_messages(c.schema)[0]["content"])
                          for c in cases], params)
     judged = 0
