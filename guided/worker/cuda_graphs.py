@@ -21,10 +21,7 @@ from guided.worker.attention_metadata import AttentionMetadata
 log = logging.getLogger(__name__)
 
 MAX_QUERY_LEN = 8  # tokens per request in a verify graph: 1 + up to 7 drafts
-# Verify graphs cover steps of up to this many tokens; larger drafted steps run eagerly.
-# (Replays of verify graphs above 512 tokens hit an illegal-instruction fault on an H200 at
-# concurrency 256, not yet understood: kept out until it is.)
-MAX_VERIFY_TOKENS = 512
+MAX_VERIFY_TOKENS = 2048  # verify graphs cover steps of up to this many tokens
 
 
 def decode_batch_sizes(max_batch: int) -> list[int]:
@@ -57,6 +54,8 @@ class StepGraphs:
             self.slot_mapping = torch.full((n,), self.scratch_slot, dtype=torch.int64)  # (T,)
             self.block_tables = torch.full((n, width), scratch_block, dtype=torch.int32)
             self.seq_lens = torch.ones(n, dtype=torch.int32)  # (B,)
+            # decode graphs read a constant arange; verify replays rewrite their own copy
+            self.decode_query_start_loc = torch.arange(n + 1, dtype=torch.int32)  # (B + 1,)
             self.query_start_loc = torch.arange(n + 1, dtype=torch.int32)  # (B + 1,)
         self.max_seq_len = width * block_size
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
@@ -64,9 +63,11 @@ class StepGraphs:
         self._capture_all()
 
     def _meta(self, kind: str, n: int) -> AttentionMetadata:
+        query_start_loc = (self.decode_query_start_loc if kind == "decode"
+                           else self.query_start_loc)
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:n], block_tables=self.block_tables[:n],
-            query_start_loc=self.query_start_loc[:n + 1], seq_lens=self.seq_lens[:n],
+            query_start_loc=query_start_loc[:n + 1], seq_lens=self.seq_lens[:n],
             max_query_len=1 if kind == "decode" else MAX_QUERY_LEN,
             max_seq_len=self.max_seq_len, use_triton=True)
 
