@@ -26,7 +26,7 @@ from guided.errors import ConstraintError
 # Annotations: no effect on validation.
 ANNOTATIONS = frozenset({
     "title", "description", "examples", "example", "default", "$comment", "deprecated", "readOnly",
-    "writeOnly", "$schema", "contentMediaType", "contentEncoding", "contentSchema", "$vocabulary",
+    "writeOnly", "$schema", "$vocabulary",
     "$anchor", "nullable", "discriminator", "xml", "externalDocs", "markdownDescription",
 })
 NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
@@ -45,7 +45,9 @@ TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object":
 IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas",
                        "dependencies", "patternProperties", "propertyNames",
                        "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
-                       "maxContains", "$dynamicRef", "$recursiveRef")
+                       "maxContains", "$dynamicRef", "$recursiveRef",
+                       # annotations in 2020-12 but assertions in draft 7 (and its test suite)
+                       "contentMediaType", "contentEncoding", "contentSchema")
 APPLICATORS_DONE = frozenset({"allOf", "anyOf", "oneOf", "$ref"})
 
 _DATE = (r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[13578]|1[02])-"
@@ -55,6 +57,11 @@ _DATE = (r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[135
 _TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
          r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# a DNS label of <= 63 letters/digits with single inner hyphens (so never an "xn--" A-label,
+# which would need IDNA validation); at most 3 labels keeps a name under 253 characters
+_LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,31}"
+_HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,2}}"
+_LOCAL_PART = r"[A-Za-z0-9_%+-]{1,32}(?:\.[A-Za-z0-9_%+-]{1,32}){0,2}"
 # Formats jsonschema's checker enforces here, mapped to patterns proven to admit only valid strings.
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
@@ -62,14 +69,15 @@ FORMAT_PATTERNS = {
     "date-time": f"^{_DATE}T{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
     "ipv4": rf"^(?:{_OCTET}\.){{3}}{_OCTET}$",
-    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){1,8}$",
+    "email": rf"^{_LOCAL_PART}@{_LABEL}(?:\.{_LABEL}){{1,2}}$",
+    "hostname": f"^{_HOSTNAME}$",
 }
 # Formats jsonschema checks (with the packages installed here) that we cannot enforce exactly.
 UNENFORCEABLE_FORMATS = frozenset({"ipv6", "regex", "idn-email", "idn-hostname", "json-pointer",
                                    "relative-json-pointer", "iri", "iri-reference",
                                    "uri-template"})
 # Formats xgrammar enforces; jsonschema checks them when its [format] extras are installed.
-XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "hostname", "duration"})
+XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "duration"})
 # Regex syntax whose meaning differs between xgrammar and Python's re (which jsonschema uses):
 # lookaround is ignored by xgrammar; negated classes \D \W \S are ASCII-only there (so they
 # admit e.g. Arabic digits that Python's \d matches); \b, \p, backreferences do not compile.
@@ -253,6 +261,12 @@ class _Rewriter:
                     out[key] = _merge_value(key, out[key], value, pointer, keyword)
         dicts = [self.deref(s, pointer) for s in schemas]
         dicts = [s for s in dicts if isinstance(s, dict)]
+        for owner in dicts:  # items applies after the prefixItems of its own schema only
+            if "items" in owner and any(o is not owner and "prefixItems" in o
+                                        and o.get("prefixItems") != owner.get("prefixItems")
+                                        for o in dicts):
+                raise _refuse(keyword, pointer, "'items' and 'prefixItems' in different "
+                                                "combined schemas cannot be merged")
         for closed in dicts:
             if closed.get("additionalProperties", True) is True:
                 continue

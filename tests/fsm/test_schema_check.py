@@ -22,6 +22,9 @@ from guided.fsm.schema_check import FORMAT_PATTERNS, check_schema
     ({"type": "string", "format": "ipv6"}, "format", "/"),
     ({"type": "string", "pattern": "^(?=a)."}, "pattern", "/"),
     ({"type": "string", "pattern": "^\\D+$"}, "pattern", "/"),
+    ({"type": "string", "format": "uri", "minLength": 1}, "minLength", "/"),
+    ({"type": "string", "contentMediaType": "application/json"}, "contentMediaType", "/"),
+    ({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}, "allOf", "/"),
     ({"items": {"$defs": {}, "oneOf": [{"type": "integer"}, {"minimum": 3}]}}, "oneOf", "/items"),
 ])
 def test_refusals_name_keyword_and_pointer(schema, keyword, pointer):
@@ -77,7 +80,8 @@ def test_format_patterns_match_jsonschema():
         "date-time": ["2020-01-01T00:00:00Z", "2021-02-29T00:00:00Z", "2020-01-01 00:00:00Z"],
         "ipv4": ["1.2.3.4", "01.2.3.4", "256.1.1.1", "255.255.255.255"],
         "uuid": ["123e4567-e89b-12d3-a456-426614174000", "123e4567e89b12d3a456426614174000"],
-        "email": ["a@b.co", "nope", "a@b"],
+        "email": ["a@b.co", "nope", "a@b", ".a@b.co", "a..b@c.de"],
+        "hostname": ["example.com", "xn--hello-txk", "a--b", "-a.com"],
     }
     for fmt, values in samples.items():
         for value in values:
@@ -104,3 +108,12 @@ def test_refs_are_not_given_type_defaults():
     out = check_schema({"$defs": {"a": {"type": "integer"}},
                         "properties": {"x": {"$ref": "#/$defs/a"}}, "type": "object"})
     assert out["properties"]["x"] == {"$ref": "#/$defs/a"}
+
+
+def test_hostname_pattern_excludes_a_labels_and_long_labels():
+    import re
+
+    pattern = FORMAT_PATTERNS["hostname"]
+    assert re.search(pattern, "api.example.com")
+    for bad in ("xn--hello-txk", "a" * 64 + ".com", "-a.com", "a..b"):
+        assert not re.search(pattern, bad), bad
