@@ -100,6 +100,10 @@ def check_schema(schema: Any) -> Any:
     return _Rewriter(schema).rewrite(schema, "")
 
 
+class Unsatisfiable(ConstraintError):
+    """A subschema no value satisfies."""
+
+
 def _where(pointer: str) -> str:
     return pointer or "/"
 
@@ -207,7 +211,7 @@ class _Rewriter:
             if check.is_valid(value) and all(_json(value) != _json(k) for k in kept):
                 kept.append(value)
         if not kept:
-            raise ConstraintError(f"the enum/const at {_where(pointer)} admits no value that "
+            raise Unsatisfiable(f"the enum/const at {_where(pointer)} admits no value that "
                                   f"satisfies its sibling keywords")
         return {"const": kept[0]} if len(kept) == 1 else {"enum": kept}
 
@@ -356,8 +360,17 @@ class _Rewriter:
                 props = props if props is not None else {}
                 props[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
         if props is not None:
-            node["properties"] = {k: self.rewrite(v, f"{pointer}/properties/{_esc(k)}")
-                                  for k, v in props.items()}
+            rewritten = {}
+            for name, sub in props.items():
+                try:
+                    rewritten[name] = self.rewrite(sub, f"{pointer}/properties/{_esc(name)}")
+                except Unsatisfiable:
+                    # an optional property no value satisfies must be absent; the strict-mode
+                    # grammar omits undeclared keys unless additionalProperties admits them
+                    closed = node.get("additionalProperties", False) is False
+                    if name in node.get("required", []) or not closed:
+                        raise
+            node["properties"] = rewritten
         if isinstance(extra, dict):
             node["additionalProperties"] = self.rewrite(extra, f"{pointer}/additionalProperties")
         elif props is None and "additionalProperties" not in node and _may_be(node, "object"):

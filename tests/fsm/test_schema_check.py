@@ -117,3 +117,11 @@ def test_hostname_pattern_excludes_a_labels_and_long_labels():
     assert re.search(pattern, "api.example.com")
     for bad in ("xn--hello-txk", "a" * 64 + ".com", "-a.com", "a..b"):
         assert not re.search(pattern, bad), bad
+
+
+def test_unsatisfiable_optional_property_is_dropped_required_is_refused():
+    never = {"type": "array", "enum": ["x"]}
+    out = check_schema({"type": "object", "properties": {"a": never, "b": {"type": "string"}}})
+    assert out["properties"] == {"b": {"type": "string"}}
+    with pytest.raises(ConstraintError, match="/properties/a"):
+        check_schema({"type": "object", "properties": {"a": never}, "required": ["a"]})
