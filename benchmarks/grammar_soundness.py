@@ -90,7 +90,8 @@ def keywords_of(schema, out: set | None = None) -> set:
 
 
 def serializations(value) -> list[str]:
-    # the grammar writes properties in the order of the canonical (key-sorted) spec text
+    # the grammar writes properties in the schema's order; instances list them in their own
+    # order (or sorted): a valid instance in another order is a serialization artefact
     texts = [json.dumps(value, ensure_ascii=False, separators=sep, sort_keys=sort)
              for sort in (True, False) for sep in ((", ", ": "), (",", ":"))]
     return list(dict.fromkeys(texts))

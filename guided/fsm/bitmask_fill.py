@@ -15,7 +15,7 @@ import torch
 
 from guided.fsm.matcher import Matcher
 
-PARALLEL_THRESHOLD = 8
+PARALLEL_THRESHOLD = 64
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0

@@ -31,7 +31,7 @@ def feed(matcher, tokenizer, text: str) -> bool:
 CASES = [
     (ConstraintSpec.json_schema({"type": "object", "properties": {
         "name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["age", "name"]}),
-     '{"age": 3, "name": "Ann"}', '{"age": "3", "name": "Ann"}'),
+     '{"name": "Ann", "age": 3}', '{"name": "Ann", "age": "3"}'),  # keys in schema order
     (ConstraintSpec("json_object", ""), '{"k": [1, 2.5, null]}', '{"k": }'),
     (ConstraintSpec("regex", "(héllo|日本)[0-9]{2}"), "日本42", "日本4x"),
     (ConstraintSpec("regex", "[a-z]+@[a-z]+\\.com"), "bob@mail.com", "bob@@mail.com"),
@@ -49,7 +49,7 @@ def test_accepts_valid_rejects_invalid(compiler, tokenizer, spec, good, bad):
     for token in tokenizer.encode(good, add_special_tokens=False):
         m.fill_bitmask(bitmask, 1)
         ok = allowed(bitmask, 1)
-        assert token in ok and EOS not in ok or token in ok  # the next token is allowed
+        assert token in ok  # the next token of a valid output is allowed
         assert max(ok) < 49152 and not (ok & set(range(3, 17)))  # no padding, no specials
         assert m.accept_token(token)
     m.fill_bitmask(bitmask, 1)
@@ -121,13 +121,13 @@ def test_fill_bitmasks_parallel_equals_serial(compiler, tokenizer):
     grammar = compiler.compile(CASES[0][0], timeout=60)
     ids = tokenizer.encode(CASES[0][1], add_special_tokens=False)
     matchers = []
-    for n in range(24):
+    for n in range(80):
         m = grammar.matcher()
         for t in ids[: n % len(ids)]:
             m.accept_token(t)
         matchers.append(m)
     items = [(m, i) for i, m in enumerate(matchers)]
-    serial = torch.zeros(24, (49216 + 31) // 32, dtype=torch.int32)
+    serial = torch.zeros(80, (49216 + 31) // 32, dtype=torch.int32)
     parallel = torch.full_like(serial, -1)
     fill_bitmasks(items, serial, num_threads=1)
     fill_bitmasks(items, parallel, num_threads=4)
