@@ -81,12 +81,12 @@ def test_bad_input_raises_clear_errors(llm):
 
 
 def test_no_block_leaks_after_finish_abort_and_preemption():
-    llm = LLM(num_kv_blocks=10, max_num_seqs=8, admission_lookahead_tokens=0,
+    llm = LLM(num_kv_blocks=7, max_num_seqs=8, admission_lookahead_tokens=0,
               enable_prefix_caching=False)
     engine = llm.engine
     ids = prompt_ids(llm)
     for i in range(6):
-        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=30 + 5 * i, ignore_eos=True,
+        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=14 + 3 * i, ignore_eos=True,
                                                         seed=i))
     steps = 0
     finished = set()
@@ -98,7 +98,7 @@ def test_no_block_leaks_after_finish_abort_and_preemption():
         if steps == 3:
             engine.abort_request("r1")  # running
             engine.abort_request("r5")  # still waiting
-        if steps == 12:
+        if steps == 8:
             engine.abort_request("r2")
     assert finished == {f"r{i}" for i in range(6)}
     stats = engine.stats()
