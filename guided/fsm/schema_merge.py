@@ -1,0 +1,201 @@
+"""References and combining for schema_check: $ref resolution, allOf merging, oneOf disjointness."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from guided.errors import ConstraintError
+
+# Annotations: no effect on validation.
+ANNOTATIONS = frozenset({
+    "title", "description", "examples", "example", "default", "$comment", "deprecated", "readOnly",
+    "writeOnly", "$schema", "$vocabulary",
+    "$anchor", "nullable", "discriminator", "xml", "externalDocs", "markdownDescription",
+})
+
+
+def where(pointer: str) -> str:
+    return pointer or "/"
+
+
+def refuse(keyword: str, pointer: str, why: str) -> ConstraintError:
+    return ConstraintError(
+        f"unsupported JSON Schema keyword '{keyword}' at {where(pointer)}: {why}")
+
+
+class SchemaCombiner:
+    """Resolves local references and merges subschemas against one root schema."""
+
+    def __init__(self, root: dict):
+        self.root = root
+
+    # ---- references -------------------------------------------------------------------
+    def resolve(self, ref: str, pointer: str) -> Any:
+        if ref == "#":
+            return self.root
+        if not ref.startswith("#/"):
+            raise refuse("$ref", pointer, f"only local references ('#/...') are supported, "
+                                          f"got {ref!r}")
+        node: Any = self.root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise refuse("$ref", pointer, f"reference {ref!r} does not resolve")
+        return node
+
+    def deref(self, node: Any, pointer: str) -> Any:
+        """Follow a chain of pure references ({"$ref": ...} with annotations only)."""
+        for _ in range(32):
+            if not (isinstance(node, dict) and "$ref" in node):
+                return node
+            if any(k not in ANNOTATIONS and k not in ("$ref", "$defs", "definitions", "$id")
+                   for k in node):
+                return node
+            node = self.resolve(node["$ref"], pointer)
+        raise refuse("$ref", pointer, "reference chain too long or cyclic")
+
+    # ---- merging (allOf, $ref with siblings, union siblings) -----------------------------
+    def merge(self, schemas: list, pointer: str, keyword: str) -> dict:
+        out: dict = {}
+        for schema in schemas:
+            schema = self.deref(schema, pointer)
+            if schema is True:
+                continue
+            if schema is False:
+                raise ConstraintError(f"the {keyword} at {where(pointer)} contains `false`")
+            schema = {k: v for k, v in schema.items() if k not in ANNOTATIONS}
+            if "$ref" in schema and validation_keys(schema, exclude=("$ref",)):
+                schema = self.merge([self.resolve(schema.pop("$ref"), pointer), schema],
+                                    pointer, "$ref")
+            elif "$ref" in schema:
+                schema = self.deref(schema, pointer)
+            if "allOf" in schema:
+                inner = schema.pop("allOf")
+                schema = self.merge([schema, *inner], pointer, "allOf")
+            for key, value in schema.items():
+                if key not in out:
+                    out[key] = copy.deepcopy(value)
+                else:
+                    out[key] = _merge_value(key, out[key], value, pointer, keyword)
+        dicts = [self.deref(s, pointer) for s in schemas]
+        dicts = [s for s in dicts if isinstance(s, dict)]
+        for owner in dicts:  # items applies after the prefixItems of its own schema only
+            if "items" in owner and any(o is not owner and "prefixItems" in o
+                                        and o.get("prefixItems") != owner.get("prefixItems")
+                                        for o in dicts):
+                raise refuse(keyword, pointer, "'items' and 'prefixItems' in different "
+                                               "combined schemas cannot be merged")
+        for closed in dicts:
+            if closed.get("additionalProperties", True) is True:
+                continue
+            own = set(closed.get("properties", {}))
+            for other in dicts:
+                if set(other.get("properties", {})) - own:
+                    raise refuse(keyword, pointer, "additionalProperties inside a combined "
+                                 "schema also rejects its siblings' properties")
+        return out
+
+    def disjoint(self, a: Any, b: Any, pointer: str) -> bool:
+        a, b = self.deref(a, pointer), self.deref(b, pointer)
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            return False
+        ta, tb = _types_of(a), _types_of(b)
+        if ta is not None and tb is not None and not _types_overlap(ta, tb):
+            return True
+        va, vb = values_of(a), values_of(b)
+        if va is not None and vb is not None and not (set(va) & set(vb)):
+            return True
+        for key in set(a.get("required", [])) & set(b.get("required", [])):
+            pa = self.deref(a.get("properties", {}).get(key, True), pointer)
+            pb = self.deref(b.get("properties", {}).get(key, True), pointer)
+            if isinstance(pa, dict) and isinstance(pb, dict):
+                xa, xb = values_of(pa), values_of(pb)
+                if xa is not None and xb is not None and not (set(xa) & set(xb)):
+                    return True
+        for x, y in ((a, b), (b, a)):
+            if y.get("additionalProperties") is False and "object" in (_types_of(y) or {"object"}):
+                if set(x.get("required", [])) - set(y.get("properties", {})):
+                    return True
+        return False
+
+
+def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
+    if json_text(a) == json_text(b):
+        return a
+    if key == "required":
+        return list(dict.fromkeys([*a, *b]))
+    if key == "properties":
+        out = dict(a)
+        for name, sub in b.items():
+            out[name] = {"allOf": [out[name], sub]} if name in out else sub
+        return out
+    if key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
+        return max(a, b)
+    if key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
+        return min(a, b)
+    if key == "type":
+        ta, tb = as_list(a), as_list(b)
+        both = [t for t in ta if t in tb or (t == "integer" and "number" in tb)]
+        both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
+        if not both:
+            raise ConstraintError(f"the {keyword} at {where(pointer)} combines disjoint types")
+        return both[0] if len(both) == 1 else both
+    if key in ("$defs", "definitions"):
+        return {**a, **b}
+    if key in ("items", "additionalProperties") and isinstance(a, dict) and isinstance(b, dict):
+        return {"allOf": [a, b]}
+    raise refuse(keyword, pointer, f"cannot combine two different '{key}' constraints")
+
+
+def validation_keys(node: dict, exclude: tuple = ()) -> list[str]:
+    return [k for k in node if k not in ANNOTATIONS and k not in exclude
+            and k not in ("$defs", "definitions", "$id")]
+
+
+def _types_of(node: dict) -> set[str] | None:
+    if "type" in node:
+        return set(as_list(node["type"]))
+    values = values_of(node)
+    if values is not None:
+        return {_json_type(json.loads(v)) for v in values}
+    return None
+
+
+def _types_overlap(a: set[str], b: set[str]) -> bool:
+    def widen(s: set[str]) -> set[str]:
+        return s | ({"integer"} if "number" in s else set())
+
+    return bool(widen(a) & widen(b))
+
+
+def values_of(node: dict) -> list[str] | None:
+    if "const" in node:
+        return [json_text(node["const"])]
+    if "enum" in node:
+        return [json_text(v) for v in node["enum"]]
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list) else [value]
