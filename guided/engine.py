@@ -255,10 +255,7 @@ class Engine:
         if request.logprobs is not None and logprob is not None:
             request.logprobs.append(TokenLogprob(token, logprob[0], logprob[1]))
         self._changed[request.request_id] = request
-        if token in request.eos_token_ids:
-            self._finish(request, "stop", stop_reason=token)
-            return True
-        if params.stop_token_ids and token in params.stop_token_ids:
+        if token in request.eos_token_ids or token in (params.stop_token_ids or ()):
             self._finish(request, "stop", stop_reason=token)
             return True
         checked = len(request.text)
@@ -282,8 +279,7 @@ class Engine:
 
     def _finish(self, request: Request, reason: str, *, error: str | None = None,
                 stop_reason=None) -> None:
-        if request.matcher is not None and request.draft_token_ids:
-            request.draft_token_ids = []
+        request.draft_token_ids = []
         self.scheduler.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
