@@ -2,10 +2,8 @@
 off, fewer forward passes; retokenization at the boundary; UTF-8; preemption; stop strings."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,24 +16,7 @@ DATA = ROOT / ".." / "shared" / "data"
 UNICODE = "héllo wörld — 日本語"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """On a shared CPU box, OpenMP threads spin-waiting under contention made decoding ~9x slower
-    with 2 threads than with 1 (measured); one thread keeps these tests' runtime predictable."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def load_common():
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +72,7 @@ def test_retokenize_cuts_a_partial_utf8_character(llm_on):
 
 # ---- on == off ----------------------------------------------------------------------------------
 
-def sample_schemas() -> list:
-    common = load_common()
+def sample_schemas(common) -> list:
     return (common.sample_stratified(common.load_jsonschemabench(
         DATA, ["Glaiveai2K", "Github_easy", "Kubernetes", "Snowplow", "JME", "BFCL_simple"]),
         6, seed=3) + common.load_bfcl_tool_schemas(DATA, 4, seed=3))
@@ -100,9 +80,9 @@ def sample_schemas() -> list:
 
 @pytest.mark.skipif(not (DATA / "jsonschemabench").is_dir() or not (DATA / "bfcl").is_dir(),
                     reason="shared data not present")
-def test_on_equals_off_token_for_token_with_fewer_passes(llm_on, llm_off):
-    common = load_common()
-    cases = sample_schemas()
+def test_on_equals_off_token_for_token_with_fewer_passes(llm_on, llm_off, bench_common):
+    common = bench_common
+    cases = sample_schemas(common)
     assert len(cases) == 10
     prompts = [llm_on.apply_chat_template(common.schema_messages(c.schema)) for c in cases]
     params = [greedy(c.schema) for c in cases]

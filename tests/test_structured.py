@@ -2,10 +2,8 @@
 compiles that never block the step loop, failed compiles that fail only their own request."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import threading
 from pathlib import Path
 
@@ -33,24 +31,7 @@ GRAMMAR = 'root ::= "The answer is " ("yes" | "no") "."'
 GRAMMAR_RE = r"The answer is (yes|no)\."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """On a shared CPU box, OpenMP threads spin-waiting under contention made decoding ~9x slower
-    with 2 threads than with 1 (measured); one thread keeps these tests' runtime predictable."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def load_common():
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +141,8 @@ def test_a_failed_compile_fails_only_its_own_request(llm):
 
 
 @pytest.mark.skipif(not (DATA / "jsonschemabench").is_dir(), reason="shared data not present")
-def test_a_sample_of_compliance_schemas_is_valid_or_refused(llm):
-    common = load_common()
+def test_a_sample_of_compliance_schemas_is_valid_or_refused(llm, bench_common):
+    common = bench_common
     subsets = ["Glaiveai2K", "Github_easy", "Kubernetes", "Snowplow", "JME", "BFCL_simple"]
     cases = common.sample_stratified(common.load_jsonschemabench(DATA, subsets), 8, seed=7)
     params = [SamplingParams(json_schema=c.schema, temperature=0, max_tokens=96) for c in cases]

@@ -24,37 +24,53 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory) -> str:
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "guided.server.cli", "serve", "--port", str(port),
-           "--max-num-seqs", "32", "--log-level", "info",
-           *shlex.split(os.environ.get("GUIDED_TEST_SERVER_ARGS", ""))]
-    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not come up:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-    print(f"\nserver log: {log_path}")
+def launch_server(tmp_path_factory):
+    """launch(*serve_args) -> (url, process): a `guided serve` on a free 127.0.0.1 port, up and
+    healthy; every server still running is stopped at the end of the session."""
+    started: list[tuple[subprocess.Popen, object, object]] = []
+
+    def launch(*args: str, name: str = "server") -> tuple[str, subprocess.Popen]:
+        port = _free_port()
+        log_path = tmp_path_factory.mktemp(name) / "server.log"
+        cmd = [sys.executable, "-m", "guided.server.cli", "serve", "--port", str(port),
+               "--log-level", "info", *args]
+        log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        started.append((proc, log, log_path))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the server exited ({proc.returncode}):\n"
+                            f"{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    return url, proc
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the server did not come up:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+
+    yield launch
+    for proc, log, log_path in started:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        print(f"\nserver log: {log_path}")
+
+
+@pytest.fixture(scope="session")
+def server_url(launch_server) -> str:
+    url, _ = launch_server("--max-num-seqs", "32",
+                           *shlex.split(os.environ.get("GUIDED_TEST_SERVER_ARGS", "")))
+    return url
 
 
 @pytest.fixture(scope="session")

@@ -8,60 +8,29 @@ import json
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_NUM_SEQS, MAX_WAITING = 2, 4
 DRAIN_S = 5
 CHAT = "/v1/chat/completions"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(launch_server):
     """(url, process) of a `guided serve` with a tiny engine; the last test stops it."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("faults") / "server.log"
-    cmd = [sys.executable, "-m", "guided.server.cli", "serve", "--port", str(port),
-           "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
-           "--drain-timeout", str(DRAIN_S), "--log-level", "info"]
-    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not come up:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.5)
+    url, proc = launch_server("--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests",
+                              str(MAX_WAITING), "--drain-timeout", str(DRAIN_S), name="faults")
     yield url, proc
     if proc.poll() is None:
         proc.kill()
-    proc.wait()
-    log.close()
-    print(f"\nserver log: {log_path}")
+        proc.wait()
 
 
 @pytest.fixture
