@@ -10,6 +10,8 @@ import time
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
+from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.fsm.jump_forward import propose_draft_tokens
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
 from guided.scheduler.block_manager import BlockManager
@@ -156,8 +158,6 @@ class Engine:
         request.metrics.compile_seconds = grammar.compile_seconds
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        from guided.fsm.bitmask_fill import fill_bitmasks
-
         plain: list = []  # (matcher, row): filled in parallel
         row = 0
         for item in sched.scheduled:
@@ -224,8 +224,6 @@ class Engine:
                     self._propose_jump(request)
 
     def _propose_jump(self, request: Request) -> None:
-        from guided.fsm.jump_forward import propose_draft_tokens
-
         room = min(request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1,
                    self.config.max_jump_forward_tokens,
@@ -236,7 +234,7 @@ class Engine:
             drafts = propose_draft_tokens(self.tokenizer, self.compiler.vocab.token_bytes,
                                           request.matcher, request.output_token_ids,
                                           max_tokens=room)
-        except Exception:  # noqa: BLE001 - a failed proposal only costs the speed-up
+        except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
             drafts = []
         request.draft_token_ids = drafts

@@ -96,10 +96,6 @@ class CompressedFSM:
         self._jumps[state] = result
         return result
 
-    def forced_end(self, state: int) -> int:
-        """The state reached after the forced string from state."""
-        return self._jump(state)[1]
-
 
 def _live_states(fsm) -> set[int]:
     """States reachable from the initial state that can still reach an accepting state."""

@@ -73,53 +73,49 @@ def rewrite_string(node: dict, pointer: str) -> None:
         node.pop("format")  # a format no validator checks: dropping it is exact
 
 
-def fix_optional_groups(pattern: str) -> str:
-    """Rewrite a group's `?` quantifier as `{0,1}`. xgrammar 0.2.8 compiles `x(ab+)?` wrongly:
-    it also admits "xb" (the group's elements before a trailing repetition become optional);
-    `x(ab+){0,1}` compiles correctly. Same language, so the rewrite is exact."""
-    out, i, in_class = [], 0, False
+def _regex_pieces(pattern: str):
+    """(index, piece, outside_class) over a regex: an escape or a class's literal leading ']'
+    is one piece, anything else one character; outside_class is False inside [...]."""
+    i, in_class = 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i:i + 2])
+            yield i, pattern[i:i + 2], False
             i += 2
             continue
         if in_class:
             in_class = c != "]"
+            yield i, c, False
         elif c == "[":
             in_class = True
-            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":
-                skip = 2 if pattern[i + 1] == "]" else 3
-                out.append(pattern[i:i + skip])
-                i += skip
-                continue
-        elif c == ")" and pattern[i + 1:i + 2] == "?":
-            out.append("){0,1}")
-            i += 2
+            skip = (2 if pattern[i + 1:i + 2] == "]" else 3 if pattern[i + 1:i + 3] == "^]"
+                    else 1)
+            yield i, pattern[i:i + skip], False
+            i += skip
             continue
-        out.append(c)
+        else:
+            yield i, c, True
         i += 1
+
+
+def fix_optional_groups(pattern: str) -> str:
+    """Rewrite a group's `?` quantifier as `{0,1}`. xgrammar 0.2.8 compiles `x(ab+)?` wrongly:
+    it also admits "xb" (the group's elements before a trailing repetition become optional);
+    `x(ab+){0,1}` compiles correctly. Same language, so the rewrite is exact."""
+    out = []
+    for i, piece, outside in _regex_pieces(pattern):
+        if outside and piece == "?" and out and out[-1] == ")" and pattern[i - 1] == ")":
+            out[-1] = "){0,1}"
+        else:
+            out.append(piece)
     return "".join(out)
 
 
 def _misplaced_anchor(pattern: str) -> bool:
     """True if ^ or $ (outside classes) sits where it is not the start/end of an alternative:
     xgrammar drops such anchors, which would widen the language (e.g. 'a$b' matches nothing)."""
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":
-                i += 2 if pattern[i + 1] == "]" else 3
-                continue
-        elif (c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|")
-              or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|")):
+    for i, c, outside in _regex_pieces(pattern):
+        if outside and (c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|")
+                        or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|")):
             return True
-        i += 1
     return False

@@ -120,6 +120,3 @@ class BlockManager:
                     self.free_queue.move_to_end(block_id, last=False)
                 else:
                     self.free_queue[block_id] = None
-
-    def num_evictable_cached(self) -> int:
-        return sum(1 for b in self.free_queue if self.blocks[b].key is not None)

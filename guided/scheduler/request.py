@@ -48,7 +48,6 @@ class Request:
     text: str = ""
     prefix_offset: int = 0
     read_offset: int = 0
-    stop_checked_len: int = 0  # chars of text already scanned for stop strings
 
     @property
     def num_prompt_tokens(self) -> int:

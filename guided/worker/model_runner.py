@@ -3,9 +3,10 @@ the grammar bitmask on the host while the forward pass runs, and samples."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from itertools import pairwise
 
 import torch
 
@@ -13,6 +14,7 @@ from guided.config import EngineConfig
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
 from guided.worker.sampler import SamplerOutput, SamplingRows, position_seed, sample
@@ -82,8 +84,6 @@ class ModelRunner:
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
-            from guided.worker.cuda_graphs import StepGraphs
-
             self.graphs = StepGraphs(
                 self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
@@ -182,12 +182,13 @@ class ModelRunner:
                 else:
                     mask_rows.append(-1)
         dev = self.device
+        query_lens = [b - a for a, b in pairwise(query_start)]
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
             block_tables=torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
             query_start_loc=torch.tensor(query_start, dtype=torch.int32).to(dev, non_blocking=True),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
+            max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             use_triton=self.use_triton,
         )
@@ -198,7 +199,7 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(dev,
                                                                                non_blocking=True),
             rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows,
-            query_lens=[b - a for a, b in zip(query_start, query_start[1:])],
+            query_lens=query_lens,
             has_drafts=any(item.num_draft_tokens for item in sched.scheduled))
 
     @torch.inference_mode()
@@ -254,11 +255,7 @@ class ModelRunner:
     @property
     def max_draft_tokens(self) -> int | None:
         """Drafts per request that keep a verify step inside a CUDA graph (None: no limit)."""
-        if self.graphs is None:
-            return None
-        from guided.worker.cuda_graphs import MAX_QUERY_LEN
-
-        return MAX_QUERY_LEN - 1
+        return None if self.graphs is None else MAX_QUERY_LEN - 1
 
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False)
