@@ -12,8 +12,10 @@ from guided.detokenizer import detokenize_step, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import fill_bitmasks
 from guided.fsm.jump_forward import propose_draft_tokens
+from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
+from guided.scheduler import policy
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -143,6 +145,13 @@ class Engine:
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
         if sched.scheduled:
+            num_steps = self._num_decode_steps(sched)
+            if num_steps > 1:
+                times.count("multi_steps")
+                result = self.runner.execute_decode_steps(sched, num_steps)
+                with times.phase("update"):
+                    self._update(sched, result.sampled, result.logprobs, multi_step=True)
+                return self._collect_outputs()
             times.count("steps")
             constrained = [item.request.matcher is not None for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
@@ -150,6 +159,29 @@ class Engine:
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
         return self._collect_outputs()
+
+    def _num_decode_steps(self, sched: SchedulerOutput) -> int:
+        """Decode steps to run back to back (multi-step decode); 1 unless the whole batch is
+        plain decoding and the KV blocks for every step are free."""
+        if self.config.num_scheduler_steps <= 1:
+            return 1
+
+        def plain(item) -> bool:
+            r, p = item.request, item.request.params
+            return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
+                    and r.matcher is None and p.logprobs is None
+                    and not (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty
+                             or p.frequency_penalty or p.repetition_penalty != 1.0))
+
+        num_steps = policy.num_decode_steps(
+            self.config.num_scheduler_steps,
+            all_plain_decode=all(plain(item) for item in sched.scheduled),
+            tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
+                             self.max_model_len - item.request.num_tokens)
+                         for item in sched.scheduled])
+        if num_steps > 1 and not self.scheduler.reserve_lookahead(sched, num_steps):
+            return 1
+        return num_steps
 
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
@@ -191,17 +223,30 @@ class Engine:
                 matcher.rollback(accepted)
         return row + len(drafts) + 1
 
-    def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list]
-                ) -> None:
-        self.stats_totals.forward_passes_total += 1
+    def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
+                *, multi_step: bool = False) -> None:
+        """multi_step: each request's tokens come from consecutive decode steps (each one the
+        next step's input), not from verifying drafts."""
+        num_passes = len(sampled[0]) if multi_step else 1
+        self.stats_totals.forward_passes_total += num_passes
         for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
             request = item.request
             if request.is_finished:  # aborted while the step ran
                 continue
-            request.metrics.forward_passes += 1
+            request.metrics.forward_passes += num_passes
             base = request.num_computed_tokens + item.num_new_tokens
             if not item.sample:
                 self.scheduler.commit_computed(request, base)
+                continue
+            if multi_step:
+                num_appended = 0
+                for token in tokens:  # tokens past a finish are dropped
+                    num_appended += 1
+                    if self._append_token(request, token, None):
+                        break
+                if not request.is_finished:  # all but the last token were fed to the model
+                    self.scheduler.commit_computed(request, base + num_appended - 1)
+                    self.scheduler.trim_blocks(request)
                 continue
             drafts = request.draft_token_ids[:item.num_draft_tokens]
             request.draft_token_ids = []
@@ -230,10 +275,17 @@ class Engine:
                    self.runner.max_draft_tokens or self.config.max_jump_forward_tokens)
         if room <= 0:
             return
+        lookup = None
+        if self.config.lookup_draft_tokens:
+            if request.ngram is None:
+                request.ngram = NgramIndex()
+            request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+            lookup = request.ngram
         try:
             drafts = propose_draft_tokens(self.tokenizer, self.compiler.vocab.token_bytes,
                                           request.matcher, request.output_token_ids,
-                                          max_tokens=room)
+                                          max_tokens=room, lookup=lookup,
+                                          lookup_tokens=self.config.lookup_draft_tokens)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
             drafts = []

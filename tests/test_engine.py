@@ -1,6 +1,8 @@
 """Engine behaviour with the real default model on the CPU: sampling, stops, aborts, no leaks."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from guided import LLM, InvalidRequestError, SamplingParams
@@ -108,3 +110,34 @@ def test_no_block_leaks_after_finish_abort_and_preemption():
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_multi_step_decode_equals_single_steps(llm):
+    """Multi-step decode (several decode steps per scheduler call): the same tokens as one
+    step at a time for greedy, seeded and stopping requests; tokens past a stop are dropped
+    and every block comes back."""
+    multi = LLM(num_kv_blocks=96, max_num_seqs=8, num_scheduler_steps=4)
+    try:
+        prompts = [llm.apply_chat_template([{"role": "user", "content": text}]) for text in (
+            "Tell me a story about a dragon.", "List three fruits.", "What is 2+2?")]
+        first = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=12))[0].text
+        stop_word = first.split()[5]  # a word the greedy output reaches mid-way
+        params = [SamplingParams(temperature=0, max_tokens=30, stop=[stop_word]),
+                  SamplingParams(temperature=0.9, seed=11, max_tokens=23),
+                  SamplingParams(temperature=0, max_tokens=200)]  # stops at EOS
+        want = llm.generate(prompts, params)
+        got = multi.generate(prompts, params)
+        for a, b in zip(got, want):
+            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text,
+                                                              b.finish_reason)
+        assert got[0].finish_reason == "stop" and stop_word not in got[0].text
+        assert got[2].finish_reason == "stop"  # EOS inside a multi-step run
+        assert multi.engine.step_times.counts["multi_steps"] > 0
+        assert multi.engine.stats().kv_blocks_in_use == 0
+        # constrained requests are decoded one step at a time (the host walks the grammar)
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        out = multi.generate(prompts[1], SamplingParams(json_schema=schema, temperature=0,
+                                                        max_tokens=20))[0]
+        assert out.finish_reason == "stop" and isinstance(json.loads(out.text)["a"], int)
+    finally:
+        multi.engine.shutdown()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
-from guided.fsm.jump_forward import complete_utf8_prefix, retokenize
+from guided.fsm.jump_forward import complete_utf8_prefix, propose_draft_tokens, retokenize
+from guided.ngram import NgramIndex
+from guided.params import ConstraintSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
@@ -68,6 +70,36 @@ def test_retokenize_cuts_a_partial_utf8_character(llm_on):
     partial = next(i for i, b in enumerate(token_bytes)
                    if b and b[-1] >= 0xC0 and not b.startswith(b"<"))
     assert retokenize(tok, token_bytes, [partial], b'"}') == []
+
+
+def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
+    tok, token_bytes = llm_on.tokenizer, llm_on.engine.compiler.vocab.token_bytes
+    compiled = llm_on.engine.compiler.compile(ConstraintSpec(kind="regex", value=r'(ab|cd)+!'))
+    matcher = compiled.matcher()
+    # the output so far repeats "ab": the lookup proposes more of it, the grammar allows it
+    out = tok.encode("abababab", add_special_tokens=False)
+    for t in out:
+        assert matcher.accept_token(t)
+    index = NgramIndex()
+    index.sync([], out)
+    drafts = propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8, lookup=index,
+                                  lookup_tokens=4)
+    assert drafts and tok.decode(drafts).startswith("ab")
+    assert propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8) == []  # not forced
+    # a lookup that leaves the grammar is cut where the grammar rejects it
+    out2 = tok.encode("ab!ab", add_special_tokens=False)
+    matcher = compiled.matcher()
+    assert not all(matcher.accept_token(t) for t in out2)  # "ab!" ends the language
+    matcher = compiled.matcher()
+    prefix = tok.encode("ab", add_special_tokens=False)
+    for t in prefix:
+        assert matcher.accept_token(t)
+    index = NgramIndex()
+    index.extend(tok.encode("ab!xyz", add_special_tokens=False) + prefix)
+    drafts = propose_draft_tokens(tok, token_bytes, matcher, prefix, max_tokens=8, lookup=index,
+                                  lookup_tokens=4)
+    assert tok.decode(drafts) in ("", "!")  # "xyz" after "!" is outside the grammar
+    assert matcher.accept_token(tok.encode("cd", add_special_tokens=False)[0])  # state unchanged
 
 
 # ---- on == off ----------------------------------------------------------------------------------

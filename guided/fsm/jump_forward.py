@@ -19,6 +19,7 @@ per accepted draft. Proposals therefore aim to be the tokens the model itself wo
 from __future__ import annotations
 
 from guided.fsm.matcher import Matcher
+from guided.ngram import NgramIndex
 
 MAX_BOUNDARY_TOKENS = 4
 
@@ -76,12 +77,17 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
 
 
 def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
-                         output_ids: list[int], *, max_tokens: int) -> list[int]:
-    """Draft tokens for the forced continuation at the matcher's state ([] if none)."""
+                         output_ids: list[int], *, max_tokens: int,
+                         lookup: NgramIndex | None = None, lookup_tokens: int = 0,
+                         lookup_min_n: int = 2, lookup_max_n: int = 4) -> list[int]:
+    """Draft tokens at the matcher's state ([] if none): the forced continuation, then up to
+    lookup_tokens prompt-lookup tokens after it (from `lookup`, the request's indexed tokens);
+    the whole draft cut to what the grammar accepts."""
     if max_tokens <= 0 or matcher.is_terminated():
         return []
     forced = matcher.forced_string()
-    if not forced:
-        return []
-    draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens]
+    draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens] if forced else []
+    if lookup is not None and lookup_tokens > 0 and len(draft) < max_tokens:
+        draft += lookup.lookup(draft, min_n=lookup_min_n, max_n=lookup_max_n,
+                               k=min(lookup_tokens, max_tokens - len(draft)))
     return grammatical_prefix(matcher, draft) if draft else []

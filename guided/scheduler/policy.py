@@ -68,3 +68,15 @@ def expected_remaining(max_tokens: int, num_output: int, *, cap: int) -> int:
     """Tokens a request may still generate, for the peak estimate; capped because max_tokens is
     often a loose bound (the cap is the scheduler's horizon)."""
     return max(0, min(max_tokens - num_output, cap))
+
+
+def num_decode_steps(max_steps: int, *, all_plain_decode: bool, tokens_left: Sequence[int]
+                     ) -> int:
+    """How many decode steps to run back to back on the device before the host looks again.
+
+    Only a batch of plain decodes qualifies (one new token each, no drafts, no grammar, no
+    penalties or logprobs: nothing the host must do between steps); and never past the
+    request closest to its token limit, so no step is spent on a request that must stop."""
+    if max_steps <= 1 or not all_plain_decode or not tokens_left:
+        return 1
+    return max(1, min(max_steps, min(tokens_left)))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
+from guided.ngram import NgramIndex
 from guided.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (committed tokens only)
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    ngram: NgramIndex | None = None  # the request's tokens indexed for prompt-lookup drafts
     grammar_future: Future | None = None
     matcher: Matcher | None = None
     finish_reason: FinishReason | None = None

@@ -195,6 +195,21 @@ class Scheduler:
         out.preempted.append(victim)
         return victim
 
+    def reserve_lookahead(self, sched: SchedulerOutput, num_steps: int) -> bool:
+        """Secure the blocks of num_steps decode steps for every scheduled request, without
+        preempting anyone (False, and nothing held beyond what one step needs: run one step)."""
+        extra = []
+        for item in sched.scheduled:
+            request = item.request
+            needed = self.blocks.blocks_needed(request.num_computed_tokens + num_steps)
+            extra.append(max(0, needed - len(request.block_ids)))
+        if sum(extra) > self.blocks.num_free_blocks:
+            return False
+        for item, n in zip(sched.scheduled, extra):
+            if n:
+                item.request.block_ids += self.blocks.allocate(n)
+        return True
+
     # -- after the step -----------------------------------------------------------------------
     def commit_computed(self, request: Request, num_computed: int) -> None:
         """Advance the request's computed tokens and register newly full blocks for reuse."""

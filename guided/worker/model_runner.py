@@ -2,6 +2,7 @@
 the grammar bitmask on the host while the forward pass runs, and samples."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
+from guided.kernels.bitmask import masked_sample
 from guided.worker.sampler import SamplerOutput, SamplingRows, position_seed, sample
 
 log = logging.getLogger(__name__)
@@ -211,8 +213,10 @@ class ModelRunner:
         bitmask_host = None
         mask_job = None
         if inputs.num_mask_rows:
-            bitmask_host = torch.empty(inputs.num_mask_rows, self.mask_words, dtype=torch.int32,
-                                       pin_memory=self.device.type == "cuda")
+            # a normal tensor: the filler thread is outside inference mode (it is thread-local)
+            with torch.inference_mode(False):
+                bitmask_host = torch.empty(inputs.num_mask_rows, self.mask_words,
+                                           dtype=torch.int32, pin_memory=self.device.type == "cuda")
             # the host fills the grammar masks while the device runs the forward pass
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
         with times.phase("forward_launch"):
@@ -239,6 +243,45 @@ class ModelRunner:
             sampled[owner].append(out.token_ids[row])
             logprobs[owner].append(out.logprobs[row])
         return RunnerOutput(sampled, logprobs)
+
+    @torch.inference_mode()
+    def execute_decode_steps(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:
+        """num_steps decode steps of a plain decode batch (no grammar, drafts, penalties or
+        logprobs) with no host round trip between them: each step's sampled tokens are the
+        next step's inputs on the device, and the host reads all tokens once at the end. The
+        blocks for every step must be allocated. A request that finishes early (EOS, stop
+        string) has its later tokens dropped by the engine."""
+        times = self.times
+        with times.phase("prepare"):
+            inputs = self.prepare(sched, [False] * len(sched.scheduled))
+            dev, bs = self.device, self.block_size
+            seeds = torch.tensor(
+                [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
+                  for item in sched.scheduled] for k in range(num_steps)],
+                dtype=torch.int64).to(dev, non_blocking=True)  # (S, B)
+            temperature = torch.tensor(inputs.rows.temperature, dtype=torch.float32).to(
+                dev, non_blocking=True)
+        meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
+        steps: list[torch.Tensor] = []
+        with times.phase("forward_launch"):
+            for k in range(num_steps):
+                if k:  # advance every request by the token it just sampled
+                    ids, positions = steps[-1], positions + 1
+                    block = meta.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
+                    meta = AttentionMetadata(
+                        slot_mapping=block.long() * bs + positions % bs,
+                        block_tables=meta.block_tables, query_start_loc=meta.query_start_loc,
+                        seq_lens=meta.seq_lens + 1, max_query_len=1,
+                        max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
+                    inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
+                                                 meta=meta)
+                hidden = self._forward(inputs)
+                logits = self.model.compute_logits(hidden)
+                steps.append(masked_sample(logits, None, None, temperature, seeds[k],
+                                           vocab_size=self.vocab_size))
+        with times.phase("sample_and_sync"):
+            tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
+        return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         meta = inputs.meta
