@@ -48,6 +48,7 @@ class Engine:
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.eos_token_ids = self._eos_ids()
+        self._special_ids = frozenset(self.tokenizer.all_special_ids) | set(self.eos_token_ids)
         self._compiler = None
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
@@ -190,38 +191,38 @@ class Engine:
         request.metrics.compile_seconds = grammar.compile_seconds
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        plain: list = []  # (matcher, row): filled in parallel
+        """A drafted request has a row per verified position: the mask before each draft
+        token. Rows are filled depth by depth (every request's row before its first draft,
+        then all matchers advanced one draft, ...) so each depth is one batched fill; the
+        matchers are walked back at the end, so they only ever hold committed tokens."""
+        level: list = []  # (matcher, drafts, first row)
         row = 0
         for item in sched.scheduled:
             request = item.request
             if request.matcher is None or not item.sample:
                 continue
             drafts = request.draft_token_ids[:item.num_draft_tokens]
-            if not drafts:
-                plain.append((request.matcher, row))
-                row += 1
-                continue
-            row = self._fill_draft_rows(request, drafts, bitmask, row)
-        if plain:
-            fill_bitmasks(plain, bitmask, num_threads=self.config.mask_threads)
-
-    @staticmethod
-    def _fill_draft_rows(request: Request, drafts: list[int], bitmask, row: int) -> int:
-        """Rows for a drafted request: the mask before each draft token, the matcher walked
-        through the drafts and back, so every verified position is masked as if decoded."""
-        matcher = request.matcher
-        accepted = 0
+            level.append((request.matcher, drafts, row))
+            row += len(drafts) + 1
+        accepted: dict = {}  # matcher -> drafts it accepted here
         try:
-            for j in range(len(drafts) + 1):
-                matcher.fill_bitmask(bitmask, row + j)
-                if j < len(drafts):
-                    if not matcher.accept_token(drafts[j]):
-                        raise RuntimeError(f"jump-forward draft token {drafts[j]} rejected")
-                    accepted += 1
+            depth = 0
+            while level:
+                fill_bitmasks([(m, first + depth) for m, _, first in level], bitmask,
+                              num_threads=self.config.mask_threads)
+                deeper = []
+                for matcher, drafts, first in level:
+                    if depth < len(drafts):
+                        if not matcher.accept_token(drafts[depth]):
+                            raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
+                                               "rejected by the grammar")
+                        accepted[matcher] = depth + 1
+                        deeper.append((matcher, drafts, first))
+                level = deeper
+                depth += 1
         finally:
-            if accepted:
-                matcher.rollback(accepted)
-        return row + len(drafts) + 1
+            for matcher, count in accepted.items():
+                matcher.rollback(count)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
@@ -278,7 +279,7 @@ class Engine:
         lookup = None
         if self.config.lookup_draft_tokens:
             if request.ngram is None:
-                request.ngram = NgramIndex()
+                request.ngram = NgramIndex(self._special_ids)
             request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
             lookup = request.ngram
         try:

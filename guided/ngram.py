@@ -16,11 +16,12 @@ MAX_CANDIDATES = 64  # earlier occurrences of the last token tried per lookup (l
 class NgramIndex:
     """The request's tokens (prompt then output), indexed for suffix matches."""
 
-    __slots__ = ("tokens", "positions")
+    __slots__ = ("tokens", "positions", "barrier")
 
-    def __init__(self) -> None:
+    def __init__(self, barrier: frozenset[int] = frozenset()) -> None:
         self.tokens: list[int] = []
         self.positions: dict[int, list[int]] = {}
+        self.barrier = barrier  # tokens a draft never contains (the chat template's specials)
 
     def extend(self, new_tokens: list[int]) -> None:
         for token in new_tokens:
@@ -66,4 +67,10 @@ class NgramIndex:
         if best_n < min_n:
             return []
         start = best_end + 1
-        return [at(i) for i in range(start, min(start + k, context_len))]
+        draft = []
+        for i in range(start, min(start + k, context_len)):
+            token = at(i)
+            if token in self.barrier:
+                break
+            draft.append(token)
+        return draft

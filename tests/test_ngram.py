@@ -48,3 +48,9 @@ def test_sync_indexes_only_new_tokens():
 def test_k_zero_and_empty():
     assert index([]).lookup([], min_n=1, max_n=3, k=4) == []
     assert index([1, 1]).lookup([], min_n=1, max_n=3, k=0) == []
+
+
+def test_a_draft_stops_at_a_barrier_token():
+    idx = NgramIndex(barrier=frozenset({0}))
+    idx.extend([5, 6, 7, 0, 8, 5, 6])
+    assert idx.lookup([], min_n=2, max_n=4, k=4) == [7]
