@@ -261,6 +261,12 @@ class Engine:
                     break
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
+            if len(drafts) > request.num_forced_drafts:  # lookup tokens were drafted
+                if num_matched > request.num_forced_drafts:
+                    request.lookup_misses = 0
+                elif num_matched == request.num_forced_drafts:  # the first guess was wrong
+                    request.lookup_misses += 1
+                    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
             if request.is_finished:
                 continue
             self.scheduler.commit_computed(request, base + num_matched)
@@ -277,20 +283,23 @@ class Engine:
         if room <= 0:
             return
         lookup = None
-        if self.config.lookup_draft_tokens:
+        if request.lookup_skip:
+            request.lookup_skip -= 1
+        elif self.config.lookup_draft_tokens:
             if request.ngram is None:
                 request.ngram = NgramIndex(self._special_ids)
             request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
             lookup = request.ngram
         try:
-            drafts = propose_draft_tokens(self.tokenizer, self.compiler.vocab.token_bytes,
-                                          request.matcher, request.output_token_ids,
-                                          max_tokens=room, lookup=lookup,
-                                          lookup_tokens=self.config.lookup_draft_tokens)
+            drafts, num_forced = propose_draft_tokens(
+                self.tokenizer, self.compiler.vocab.token_bytes, request.matcher,
+                request.output_token_ids, max_tokens=room, lookup=lookup,
+                lookup_tokens=self.config.lookup_draft_tokens)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
-            drafts = []
+            drafts, num_forced = [], 0
         request.draft_token_ids = drafts
+        request.num_forced_drafts = num_forced
 
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""

@@ -82,10 +82,10 @@ def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
         assert matcher.accept_token(t)
     index = NgramIndex()
     index.sync([], out)
-    drafts = propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8, lookup=index,
-                                  lookup_tokens=4)
-    assert drafts and tok.decode(drafts).startswith("ab")
-    assert propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8) == []  # not forced
+    drafts, num_forced = propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8,
+                                              lookup=index, lookup_tokens=4)
+    assert drafts and tok.decode(drafts).startswith("ab") and num_forced == 0
+    assert propose_draft_tokens(tok, token_bytes, matcher, out, max_tokens=8) == ([], 0)
     # a lookup that leaves the grammar is cut where the grammar rejects it
     out2 = tok.encode("ab!ab", add_special_tokens=False)
     matcher = compiled.matcher()
@@ -96,8 +96,8 @@ def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
         assert matcher.accept_token(t)
     index = NgramIndex()
     index.extend(tok.encode("ab!xyz", add_special_tokens=False) + prefix)
-    drafts = propose_draft_tokens(tok, token_bytes, matcher, prefix, max_tokens=8, lookup=index,
-                                  lookup_tokens=4)
+    drafts, _ = propose_draft_tokens(tok, token_bytes, matcher, prefix, max_tokens=8,
+                                     lookup=index, lookup_tokens=4)
     assert tok.decode(drafts) in ("", "!")  # "xyz" after "!" is outside the grammar
     assert matcher.accept_token(tok.encode("cd", add_special_tokens=False)[0])  # state unchanged
 

@@ -79,15 +79,17 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
 def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                          output_ids: list[int], *, max_tokens: int,
                          lookup: NgramIndex | None = None, lookup_tokens: int = 0,
-                         lookup_min_n: int = 2, lookup_max_n: int = 4) -> list[int]:
-    """Draft tokens at the matcher's state ([] if none): the forced continuation, then up to
-    lookup_tokens prompt-lookup tokens after it (from `lookup`, the request's indexed tokens);
-    the whole draft cut to what the grammar accepts."""
+                         lookup_min_n: int = 2, lookup_max_n: int = 4) -> tuple[list[int], int]:
+    """Draft tokens at the matcher's state, and how many of them are forced text: the forced
+    continuation, then up to lookup_tokens prompt-lookup tokens after it (from `lookup`, the
+    request's indexed tokens); the whole draft cut to what the grammar accepts."""
     if max_tokens <= 0 or matcher.is_terminated():
-        return []
+        return [], 0
     forced = matcher.forced_string()
     draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens] if forced else []
+    num_forced = len(draft)
     if lookup is not None and lookup_tokens > 0 and len(draft) < max_tokens:
         draft += lookup.lookup(draft, min_n=lookup_min_n, max_n=lookup_max_n,
                                k=min(lookup_tokens, max_tokens - len(draft)))
-    return grammatical_prefix(matcher, draft) if draft else []
+    draft = grammatical_prefix(matcher, draft) if draft else []
+    return draft, min(num_forced, len(draft))

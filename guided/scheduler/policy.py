@@ -80,3 +80,13 @@ def num_decode_steps(max_steps: int, *, all_plain_decode: bool, tokens_left: Seq
     if max_steps <= 1 or not all_plain_decode or not tokens_left:
         return 1
     return max(1, min(max_steps, min(tokens_left)))
+
+
+def lookup_cooldown(consecutive_misses: int, *, max_cooldown: int = 32) -> int:
+    """Proposals to skip prompt-lookup after its drafts missed this many times in a row
+    (1, 2, 4, ... up to max_cooldown): a request whose output does not repeat stops paying for
+    verifying guesses (on a large model every drafted slot costs compute), and one that starts
+    repeating is found again soon."""
+    if consecutive_misses <= 0:
+        return 0
+    return min(max_cooldown, 1 << min(consecutive_misses - 1, 16))

@@ -38,6 +38,9 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
     ngram: NgramIndex | None = None  # the request's tokens indexed for prompt-lookup drafts
+    num_forced_drafts: int = 0  # leading drafts that are forced text (the rest: lookup)
+    lookup_misses: int = 0  # lookup drafts rejected in a row
+    lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
     grammar_future: Future | None = None
     matcher: Matcher | None = None
     finish_reason: FinishReason | None = None

@@ -50,3 +50,18 @@ def test_expected_remaining_is_capped():
     assert policy.expected_remaining(100, 30, cap=1000) == 70
     assert policy.expected_remaining(10**6, 0, cap=1000) == 1000
     assert policy.expected_remaining(5, 9, cap=1000) == 0
+
+
+def test_lookup_cooldown_doubles_and_is_capped():
+    assert policy.lookup_cooldown(0) == 0
+    assert [policy.lookup_cooldown(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert policy.lookup_cooldown(40) == 32
+    assert policy.lookup_cooldown(40, max_cooldown=8) == 8
+
+
+def test_num_decode_steps():
+    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 5]) == 5
+    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 30]) == 8
+    assert policy.num_decode_steps(8, all_plain_decode=False, tokens_left=[20]) == 1
+    assert policy.num_decode_steps(1, all_plain_decode=True, tokens_left=[20]) == 1
+    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[]) == 1
