@@ -83,17 +83,21 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--free", action="store_true")
     ap.add_argument("--no-jump-forward", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="any other EngineConfig field, e.g. --set lookup_draft_tokens=0")
     ap.add_argument("--paired", action="store_true",
                     help="constrained vs free with matched lengths, grammars precompiled")
     args = ap.parse_args()
+    extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     engine = Engine(EngineConfig(model=args.model, max_num_seqs=args.concurrency,
-                                 jump_forward=not args.no_jump_forward))
+                                 jump_forward=not args.no_jump_forward, **extra))
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
     if args.paired:
         results = paired(engine, rows, args.max_tokens)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
-              f"{'off' if args.no_jump_forward else 'on'}: same prompts, same output lengths\n")
+              f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}: same prompts, "
+              "same output lengths\n")
         print("| mode | requests | tokens | seconds | output tok/s | ratio to free |")
         print("|---|---|---|---|---|---|")
         free_tps = results[1]["tok_s"]

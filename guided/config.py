@@ -38,6 +38,9 @@ class EngineConfig:
     # with jump_forward: up to this many prompt-lookup draft tokens past the forced text (the
     # last 2-4 tokens matched earlier in the request's tokens), verified like the forced ones
     lookup_draft_tokens: int = 4
+    # drafts (forced + lookup) verified per step, over all requests: past the GPU's
+    # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
+    max_draft_tokens_per_step: int | None = None
     any_whitespace: bool = False  # compact JSON separators: bounded, and long forced strings
     max_whitespace: int = 2  # with any_whitespace: the longest whitespace run between JSON tokens
     compile_threads: int = 4
@@ -76,6 +79,8 @@ class EngineConfig:
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")
         need(self.admission_lookahead_tokens >= 0, "admission_lookahead_tokens must be >= 0",
              "admission_lookahead_tokens")
+        need(self.max_draft_tokens_per_step is None or self.max_draft_tokens_per_step >= 0,
+             "max_draft_tokens_per_step must be >= 0 (or None)", "max_draft_tokens_per_step")
         need(self.lookup_draft_tokens >= 0, "lookup_draft_tokens must be >= 0",
              "lookup_draft_tokens")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",

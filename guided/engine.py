@@ -156,7 +156,7 @@ class Engine:
             times.count("steps")
             constrained = [item.request.matcher is not None for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
-                                         lambda bitmask: self._fill_masks(sched, bitmask))
+                                         lambda bitmask: self._fill_masks_timed(sched, bitmask))
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
         return self._collect_outputs()
@@ -189,6 +189,10 @@ class Engine:
         request.matcher = grammar.matcher()
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
+
+    def _fill_masks_timed(self, sched: SchedulerOutput, bitmask) -> None:
+        with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
+            self._fill_masks(sched, bitmask)
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
         """A drafted request has a row per verified position: the mask before each draft

@@ -201,3 +201,27 @@ def test_preemption_during_jump_forward(llm_on):
     for a, b in zip(got, want):
         assert a.finish_reason == b.finish_reason
         assert a.token_ids == b.token_ids, (a.text, b.text)
+
+
+def test_draft_cap_per_step_keeps_outputs(llm_on, llm_off):
+    """max_draft_tokens_per_step bounds the drafts verified per step (0: none at all)."""
+    schema = {"type": "object", "properties": {
+        "first_name": {"type": "string", "maxLength": 10},
+        "favourite_colour": {"enum": ["red", "green", "blue"]}},
+        "required": ["first_name", "favourite_colour"], "additionalProperties": False}
+    prompts = [chat(llm_on, f"Describe person number {i} as JSON.") for i in range(3)]
+    off = llm_off.generate(prompts, greedy(schema))
+    on = llm_on.generate(prompts, greedy(schema))
+    for cap in (0, 2):
+        capped = LLM(jump_forward=True, num_kv_blocks=256, max_num_seqs=16,
+                     max_draft_tokens_per_step=cap)
+        try:
+            got = capped.generate(prompts, greedy(schema))
+        finally:
+            capped.engine.shutdown()
+        assert [o.token_ids for o in got] == [o.token_ids for o in off]
+        jumped = sum(o.metrics.jump_forward_tokens for o in got)
+        if cap == 0:
+            assert jumped == 0
+        else:
+            assert 0 < jumped < sum(o.metrics.jump_forward_tokens for o in on)

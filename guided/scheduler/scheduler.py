@@ -45,6 +45,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._draft_budget = 0  # drafts still allowed in the step being scheduled
 
     # -- queues -------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -96,6 +97,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        cap = self.config.max_draft_tokens_per_step
+        self._draft_budget = budget if cap is None else cap
 
         # 1. running requests, oldest first; preempt the newest when blocks run out
         for request in list(self.running):
@@ -166,7 +169,9 @@ class Scheduler:
         pending = request.num_tokens - request.num_computed_tokens
         num_new = policy.num_tokens_to_schedule(pending, budget)
         sample = num_new == pending
-        num_draft = min(len(request.draft_token_ids), budget - num_new) if sample else 0
+        num_draft = (min(len(request.draft_token_ids), budget - num_new, self._draft_budget)
+                     if sample else 0)
+        self._draft_budget -= num_draft
         if num_draft < len(request.draft_token_ids):
             request.draft_token_ids = request.draft_token_ids[:num_draft]
         needed = self.blocks.blocks_needed(request.num_computed_tokens + num_new + num_draft)
