@@ -88,9 +88,10 @@ def main() -> None:
     ap.add_argument("--paired", action="store_true",
                     help="constrained vs free with matched lengths, grammars precompiled")
     args = ap.parse_args()
-    extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    engine = Engine(EngineConfig(model=args.model, max_num_seqs=args.concurrency,
-                                 jump_forward=not args.no_jump_forward, **extra))
+    options = {"model": args.model, "max_num_seqs": args.concurrency,
+               "jump_forward": not args.no_jump_forward}
+    options.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)})
+    engine = Engine(EngineConfig(**options))
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
     if args.paired:

@@ -7,10 +7,13 @@ import logging
 import random
 import time
 
+import torch
+
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.fsm.bitmask_fill import fill_draft_rows
+from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.jump_forward import propose_draft_tokens
 from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
@@ -47,6 +50,8 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
+                                      num_threads=config.mask_threads)
         self.eos_token_ids = self._eos_ids()
         self._special_ids = frozenset(self.tokenizer.all_special_ids) | set(self.eos_token_ids)
         self._compiler = None
@@ -150,6 +155,7 @@ class Engine:
             if num_steps > 1:
                 times.count("multi_steps")
                 result = self.runner.execute_decode_steps(sched, num_steps)
+                self._prefetch.clear()
                 with times.phase("update"):
                     self._update(sched, result.sampled, result.logprobs, multi_step=True)
                 return self._collect_outputs()
@@ -157,8 +163,12 @@ class Engine:
             constrained = [item.request.matcher is not None for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
                                          lambda bitmask: self._fill_masks_timed(sched, bitmask))
+            self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
+            if any(constrained):
+                self._prefetch.start([r for r in self.scheduler.running
+                                      if r.matcher is not None and not r.is_finished])
         return self._collect_outputs()
 
     def _num_decode_steps(self, sched: SchedulerOutput) -> int:
@@ -195,38 +205,29 @@ class Engine:
             self._fill_masks(sched, bitmask)
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        """A drafted request has a row per verified position: the mask before each draft
-        token. Rows are filled depth by depth (every request's row before its first draft,
-        then all matchers advanced one draft, ...) so each depth is one batched fill; the
-        matchers are walked back at the end, so they only ever hold committed tokens."""
-        level: list = []  # (matcher, drafts, first row)
+        """Runs on the mask thread while the forward pass runs: rows filled ahead are copied,
+        the rest filled (see MaskPrefetch and fill_draft_rows)."""
+        entries: list = []  # (matcher, drafts, first row) still to fill
+        src: list[int] = []
+        dst: list[int] = []
         row = 0
         for item in sched.scheduled:
             request = item.request
             if request.matcher is None or not item.sample:
                 continue
             drafts = request.draft_token_ids[:item.num_draft_tokens]
-            level.append((request.matcher, drafts, row))
+            ahead = self._prefetch.take(request.request_id, request.matcher, drafts)
+            if ahead is None:
+                entries.append((request.matcher, drafts, row))
+            else:
+                src.extend(range(ahead, ahead + len(drafts) + 1))
+                dst.extend(range(row, row + len(drafts) + 1))
             row += len(drafts) + 1
-        accepted: dict = {}  # matcher -> drafts it accepted here
-        try:
-            depth = 0
-            while level:
-                fill_bitmasks([(m, first + depth) for m, _, first in level], bitmask,
-                              num_threads=self.config.mask_threads)
-                deeper = []
-                for matcher, drafts, first in level:
-                    if depth < len(drafts):
-                        if not matcher.accept_token(drafts[depth]):
-                            raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
-                                               "rejected by the grammar")
-                        accepted[matcher] = depth + 1
-                        deeper.append((matcher, drafts, first))
-                level = deeper
-                depth += 1
-        finally:
-            for matcher, count in accepted.items():
-                matcher.rollback(count)
+        if src:
+            bitmask[torch.tensor(dst)] = self._prefetch.buffer[torch.tensor(src)]
+            self.step_times.count("mask_rows_ahead", len(src))
+        if entries:
+            fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:

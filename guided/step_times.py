@@ -20,8 +20,8 @@ class StepTimes:
         finally:
             self.seconds[name] += time.perf_counter() - t0
 
-    def count(self, name: str) -> None:
-        self.counts[name] += 1
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
 
     def reset(self) -> None:
         self.seconds.clear()

@@ -81,3 +81,32 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
     done = {id(m) for m, _ in batch}
     return [(m, row) for m, row in items if id(m) not in done]
+
+
+def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor, *,
+                    num_threads: int) -> None:
+    """entries: (matcher, drafts, first row). A request with drafts gets a row per verified
+    position: the mask before each draft token. Rows are filled depth by depth (every
+    request's row before its first draft, then all matchers advanced one draft, ...) so each
+    depth is one batched fill; the matchers are walked back at the end, so they only ever
+    hold committed tokens."""
+    level = entries
+    accepted: dict = {}  # matcher -> drafts it accepted here
+    try:
+        depth = 0
+        while level:
+            fill_bitmasks([(m, first + depth) for m, _, first in level], bitmask,
+                          num_threads=num_threads)
+            deeper = []
+            for matcher, drafts, first in level:
+                if depth < len(drafts):
+                    if not matcher.accept_token(drafts[depth]):
+                        raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
+                                           "rejected by the grammar")
+                    accepted[matcher] = depth + 1
+                    deeper.append((matcher, drafts, first))
+            level = deeper
+            depth += 1
+    finally:
+        for matcher, count in accepted.items():
+            matcher.rollback(count)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -294,6 +294,10 @@ class ModelRunner:
                                    inputs.query_lens)
         self.times.count("eager")
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
+
+    def submit_host_job(self, fn: Callable[[], None]) -> Future:
+        """Run fn on the mask thread (jobs, and the steps' mask fills, run there in order)."""
+        return self._mask_pool.submit(fn)
 
     @property
     def max_draft_tokens(self) -> int | None:
