@@ -81,11 +81,11 @@ class StepGraphs:
             kind, n = key
             args = (self.input_ids[:n], self.positions[:n], self.kv_caches, self._meta(kind, n))
             for _ in range(2):  # compile / autotune outside the capture
-                self.model(*args)
+                self.model(*args, fused=True)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[key] = self.model(*args)
+                self.outputs[key] = self.model(*args, fused=True)
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize()

@@ -125,20 +125,26 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.ops = ops.EAGER
+        self.fused_ops = ops.EAGER
 
     def use_compiled_ops(self) -> None:
-        self.ops = ops.compiled_ops()
+        """torch.compile'd elementwise ops for forward(fused=True): the CUDA graphs, where
+        they cost nothing per call. Eager steps keep the plain ops: each compiled call checks
+        its guards on the host (~30 layers x 4 calls), which outweighed the fusion there."""
+        self.fused_ops = ops.compiled_ops()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[KVCache], meta: AttentionMetadata, *, fused: bool = False
+                ) -> torch.Tensor:
+        f = self.fused_ops if fused else self.ops
         residual = self.embed_tokens(input_ids)  # (T, H)
         first = self.layers[0].input_layernorm
-        h = self.ops.rms_norm(residual, first.weight, first.eps)
+        h = f.rms_norm(residual, first.weight, first.eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            out, residual = layer(h, residual, positions, self.rope, kv_cache, meta, self.ops)
+            out, residual = layer(h, residual, positions, self.rope, kv_cache, meta, f)
             norm = (self.layers[i + 1].input_layernorm if i + 1 < len(self.layers)
                     else self.norm)
-            h, residual = self.ops.add_rms_norm(out, residual, norm.weight, norm.eps)
+            h, residual = f.add_rms_norm(out, residual, norm.weight, norm.eps)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
