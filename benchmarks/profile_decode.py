@@ -47,13 +47,18 @@ def main() -> None:
     sched = engine.scheduler.schedule()
     inputs = runner.prepare(sched, [False] * len(sched.scheduled))
     rows = []
+    key = runner.graphs.pick(inputs.meta, inputs.input_ids.shape[0], has_drafts=False)
+
+    def replay() -> torch.Tensor:
+        return runner.graphs.run(key, inputs.input_ids, inputs.positions, inputs.meta,
+                                 inputs.query_lens)
+
     with torch.inference_mode():
-        rows.append(("graph replay (forward)", cuda_time(
-            lambda: runner.graphs.run(inputs.input_ids, inputs.positions, inputs.meta))))
+        rows.append(("graph replay (forward)", cuda_time(replay)))
         rows.append(("eager forward", cuda_time(
             lambda: runner.model(inputs.input_ids, inputs.positions, runner.kv_caches,
                                  inputs.meta), reps=10)))
-        hidden = runner.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        hidden = replay()
         rows.append(("compute_logits", cuda_time(lambda: runner.model.compute_logits(hidden))))
         t0 = time.perf_counter()
         for _ in range(20):
