@@ -34,8 +34,9 @@ def graph_vs_eager(engine: Engine, expected_kind: str) -> float:
     with torch.inference_mode():
         graph_out = runner.graphs.run(key, inputs.input_ids, inputs.positions, inputs.meta,
                                       inputs.query_lens).clone()
+        # the graphs hold the fused (compiled) elementwise ops: compare like with like
         eager_out = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches,
-                                 inputs.meta)
+                                 inputs.meta, fused=True)
     engine.shutdown()
     return float((graph_out.float() - eager_out.float()).norm() / eager_out.float().norm())
 
