@@ -14,7 +14,7 @@ from guided.detokenizer import detokenize_step, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import fill_draft_rows
 from guided.fsm.mask_prefetch import MaskPrefetch
-from guided.fsm.jump_forward import propose_draft_tokens
+from guided.fsm.jump_forward import CachedEncoder, propose_draft_tokens
 from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
@@ -54,6 +54,7 @@ class Engine:
                                       num_threads=config.mask_threads)
         self.eos_token_ids = self._eos_ids()
         self._special_ids = frozenset(self.tokenizer.all_special_ids) | set(self.eos_token_ids)
+        self._encoder = CachedEncoder(self.tokenizer)  # retokenizes forced text
         self._compiler = None
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
@@ -297,7 +298,7 @@ class Engine:
             lookup = request.ngram
         try:
             drafts, num_forced = propose_draft_tokens(
-                self.tokenizer, self.compiler.vocab.token_bytes, request.matcher,
+                self._encoder, self.compiler.vocab.token_bytes, request.matcher,
                 request.output_token_ids, max_tokens=room, lookup=lookup,
                 lookup_tokens=self.config.lookup_draft_tokens)
         except Exception:

@@ -225,3 +225,16 @@ def test_draft_cap_per_step_keeps_outputs(llm_on, llm_off):
             assert jumped == 0
         else:
             assert 0 < jumped < sum(o.metrics.jump_forward_tokens for o in on)
+
+
+def test_cached_encoder_equals_the_tokenizer(llm_on):
+    from guided.fsm.jump_forward import CachedEncoder
+
+    tok = llm_on.tokenizer
+    enc = CachedEncoder(tok)
+    for text in ('{"name": "', UNICODE, '"}, {"', "  leading spaces", "x" * 50, ""):
+        assert enc.encode(text) == tok.encode(text, add_special_tokens=False)
+        assert enc.encode(text) == tok.encode(text, add_special_tokens=False)  # cached
+    first = enc.encode("abc")
+    first.append(-1)  # callers may change what they get
+    assert enc.encode("abc") == tok.encode("abc", add_special_tokens=False)
