@@ -152,7 +152,7 @@ class Engine:
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
         if sched.scheduled:
-            num_steps = self._num_decode_steps(sched)
+            num_steps = self.scheduler.plan_decode_steps(sched)
             if num_steps > 1:
                 times.count("multi_steps")
                 result = self.runner.execute_decode_steps(sched, num_steps)
@@ -171,29 +171,6 @@ class Engine:
                 self._prefetch.start([r for r in self.scheduler.running
                                       if r.matcher is not None and not r.is_finished])
         return self._collect_outputs()
-
-    def _num_decode_steps(self, sched: SchedulerOutput) -> int:
-        """Decode steps to run back to back (multi-step decode); 1 unless the whole batch is
-        plain decoding and the KV blocks for every step are free."""
-        if self.config.num_scheduler_steps <= 1:
-            return 1
-
-        def plain(item) -> bool:
-            r, p = item.request, item.request.params
-            return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
-                    and r.matcher is None and p.logprobs is None
-                    and not (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty
-                             or p.frequency_penalty or p.repetition_penalty != 1.0))
-
-        num_steps = policy.num_decode_steps(
-            self.config.num_scheduler_steps,
-            all_plain_decode=all(plain(item) for item in sched.scheduled),
-            tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
-                             self.max_model_len - item.request.num_tokens)
-                         for item in sched.scheduled])
-        if num_steps > 1 and not self.scheduler.reserve_lookahead(sched, num_steps):
-            return 1
-        return num_steps
 
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile

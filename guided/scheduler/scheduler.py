@@ -200,6 +200,21 @@ class Scheduler:
         out.preempted.append(victim)
         return victim
 
+    def plan_decode_steps(self, sched: SchedulerOutput) -> int:
+        """Decode steps to run back to back (multi-step decode), their blocks secured; 1 unless
+        the whole batch is plain decoding and the blocks for every step are free."""
+        if self.config.num_scheduler_steps <= 1:
+            return 1
+        num_steps = policy.num_decode_steps(
+            self.config.num_scheduler_steps,
+            all_plain_decode=all(_is_plain_decode(item) for item in sched.scheduled),
+            tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
+                             self.max_model_len - item.request.num_tokens)
+                         for item in sched.scheduled])
+        if num_steps > 1 and not self.reserve_lookahead(sched, num_steps):
+            return 1
+        return num_steps
+
     def reserve_lookahead(self, sched: SchedulerOutput, num_steps: int) -> bool:
         """Secure the blocks of num_steps decode steps for every scheduled request, without
         preempting anyone (False, and nothing held beyond what one step needs: run one step)."""
@@ -230,3 +245,13 @@ class Scheduler:
         if len(request.block_ids) > keep:
             self.blocks.free(request.block_ids[keep:])
             del request.block_ids[keep:]
+
+
+def _is_plain_decode(item: ScheduledRequest) -> bool:
+    """One new token to sample and nothing the host must do between steps: no drafts, no
+    grammar, no logprobs, no sampling filter or penalty (those run on the slow path)."""
+    r, p = item.request, item.request.params
+    return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
+            and r.matcher is None and p.logprobs is None
+            and not (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty
+                     or p.frequency_penalty or p.repetition_penalty != 1.0))
