@@ -39,6 +39,14 @@ def set_torch_threads(num: int) -> None:
         torch.set_num_threads(num)
 
 
+def add_run_args(ap) -> None:
+    """--data, --device and --threads: the flags every schema-driven benchmark takes."""
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

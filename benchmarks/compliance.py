@@ -25,10 +25,9 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from common import (
-    DEFAULT_DATA,
+    add_run_args,
     SchemaCase,
     load_jsonschemabench,
     markdown_table,
@@ -158,7 +157,7 @@ def print_report(tallies: dict[str, Tally], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_run_args(ap)
     ap.add_argument("--num-schemas", type=int, default=300)
     ap.add_argument("--limit", type=int, default=0, help="run only this many of the drawn schemas")
     ap.add_argument("--seed", type=int, default=0)
@@ -166,9 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-max-tokens", type=int, default=512)
     ap.add_argument("--retry-max-tokens", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 

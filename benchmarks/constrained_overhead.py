@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from common import (
-    DEFAULT_DATA,
+    add_run_args,
     load_jsonschemabench,
     markdown_table,
     progress,
@@ -107,14 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_run_args(ap)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=192)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from common import (
-    DEFAULT_DATA,
+    add_run_args,
     load_bfcl_tool_schemas,
     load_jsonschemabench,
     markdown_table,
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_run_args(ap)
     ap.add_argument("--num-jsb", type=int, default=70, help="JSONSchemaBench schemas")
     ap.add_argument("--num-bfcl", type=int, default=40, help="BFCL tool parameter schemas")
     ap.add_argument("--limit", type=int, default=0)
@@ -175,9 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
     return run(ap.parse_args(argv))
 
 

@@ -13,8 +13,8 @@ from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import fill_draft_rows
-from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.jump_forward import CachedEncoder, propose_draft_tokens
+from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
@@ -163,7 +163,7 @@ class Engine:
             times.count("steps")
             constrained = [item.request.matcher is not None for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
-                                         lambda bitmask: self._fill_masks_timed(sched, bitmask))
+                                         lambda bitmask: self._fill_masks(sched, bitmask))
             self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
@@ -177,10 +177,6 @@ class Engine:
         request.matcher = grammar.matcher()
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
-
-    def _fill_masks_timed(self, sched: SchedulerOutput, bitmask) -> None:
-        with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
-            self._fill_masks(sched, bitmask)
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
         """Runs on the mask thread while the forward pass runs: rows filled ahead are copied,
@@ -201,11 +197,12 @@ class Engine:
                 src.extend(range(ahead, ahead + len(drafts) + 1))
                 dst.extend(range(row, row + len(drafts) + 1))
             row += len(drafts) + 1
-        if src:
-            bitmask[torch.tensor(dst)] = self._prefetch.buffer[torch.tensor(src)]
-            self.step_times.count("mask_rows_ahead", len(src))
-        if entries:
-            fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
+        with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
+            if src:
+                bitmask[torch.tensor(dst)] = self._prefetch.buffer[torch.tensor(src)]
+                self.step_times.count("mask_rows_ahead", len(src))
+            if entries:
+                fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:

@@ -68,6 +68,13 @@ class SamplingParams:
     grammar: str | None = None
     stop_list: list[str] = field(init=False, default_factory=list)
 
+    @property
+    def needs_slow_sampling(self) -> bool:
+        """top-k / top-p / min-p or a penalty: the sampler's torch path, not the fused kernel."""
+        return (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+                or bool(self.presence_penalty or self.frequency_penalty)
+                or self.repetition_penalty != 1.0)
+
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
             if not ok:

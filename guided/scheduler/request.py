@@ -6,8 +6,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
 from guided.ngram import NgramIndex
+from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
 from guided.params import SamplingParams
 
 if TYPE_CHECKING:

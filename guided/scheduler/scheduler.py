@@ -211,11 +211,11 @@ class Scheduler:
             tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
                              self.max_model_len - item.request.num_tokens)
                          for item in sched.scheduled])
-        if num_steps > 1 and not self.reserve_lookahead(sched, num_steps):
+        if num_steps > 1 and not self._reserve_lookahead(sched, num_steps):
             return 1
         return num_steps
 
-    def reserve_lookahead(self, sched: SchedulerOutput, num_steps: int) -> bool:
+    def _reserve_lookahead(self, sched: SchedulerOutput, num_steps: int) -> bool:
         """Secure the blocks of num_steps decode steps for every scheduled request, without
         preempting anyone (False, and nothing held beyond what one step needs: run one step)."""
         extra = []
@@ -252,6 +252,4 @@ def _is_plain_decode(item: ScheduledRequest) -> bool:
     grammar, no logprobs, no sampling filter or penalty (those run on the slow path)."""
     r, p = item.request, item.request.params
     return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
-            and r.matcher is None and p.logprobs is None
-            and not (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty
-                     or p.frequency_penalty or p.repetition_penalty != 1.0))
+            and r.matcher is None and p.logprobs is None and not p.needs_slow_sampling)

@@ -12,13 +12,13 @@ from itertools import pairwise
 import torch
 
 from guided.config import EngineConfig
+from guided.kernels.bitmask import masked_sample
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
-from guided.kernels.bitmask import masked_sample
 from guided.worker.sampler import SamplerOutput, SamplingRows, position_seed, sample
 
 log = logging.getLogger(__name__)
