@@ -52,7 +52,11 @@ class EngineConfig:
     # GPU execution
     cuda_graphs: bool = True
     compile_ops: bool = True  # torch.compile the elementwise ops on the GPU (fused kernels)
-    num_scheduler_steps: int = 1  # >1: multi-step decode for batches that allow it
+    num_scheduler_steps: int = 1  # >1: multi-step decode for batches that allow it (no overlap)
+    # overlapped scheduling: the host updates step t and prepares t+2 while the device runs
+    # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)
+    # unless num_scheduler_steps > 1 was asked for
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -77,6 +81,9 @@ class EngineConfig:
         need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")
+        need(not (self.async_scheduling and self.num_scheduler_steps > 1),
+             "async_scheduling and num_scheduler_steps > 1 are alternatives: choose one",
+             "async_scheduling")
         need(self.admission_lookahead_tokens >= 0, "admission_lookahead_tokens must be >= 0",
              "admission_lookahead_tokens")
         need(self.max_draft_tokens_per_step is None or self.max_draft_tokens_per_step >= 0,

@@ -24,7 +24,7 @@ from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker import loader
-from guided.worker.model_runner import ModelRunner
+from guided.worker.model_runner import LaunchedStep, ModelRunner, SampledStep
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,12 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
         self._rng = random.Random(config.seed)
+        # overlapped scheduling: the step whose forward pass is queued (its masks not yet
+        # applied) and the step before it, sampled, whose tokens are on their way to the host
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None
+                        else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
+        self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None
+        self._sampled: tuple[SchedulerOutput, SampledStep] | None = None
         self.stats_totals = EngineStats()
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
                  "max_model_len %d", time.perf_counter() - t0, config.model, self.runner.device,
@@ -141,13 +147,16 @@ class Engine:
             self._finish(request, "abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._changed)
+        return (self.scheduler.num_unfinished > 0 or bool(self._changed)
+                or self._launched is not None or self._sampled is not None)
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         for request in self.scheduler.promote_compiled(self._make_matcher):
             request.error_type = "constraint"
             self._finish(request, "error", error=request.error)
+        if self.overlap:
+            return self._step_overlapped()
         times = self.step_times
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
@@ -172,6 +181,85 @@ class Engine:
                                       if r.matcher is not None and not r.is_finished])
         return self._collect_outputs()
 
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """One call of the overlapped loop. On entry step t is sampled (its tokens copying to
+        the host) and step t+1's forward pass is queued behind it. The host reads step t's
+        tokens and updates its requests while the device runs t+1; then fills t+1's masks on
+        the mask thread while it schedules and prepares t+2; then queues t+1's sampling and
+        t+2's forward pass (whose inputs include t+1's samples, gathered on the device). The
+        device never waits for the host unless the host's work outlasts a forward pass.
+        A request that finishes at step t was already scheduled into t+1: that row's token is
+        dropped."""
+        times = self.step_times
+        if self._sampled is not None:
+            sched, sampled = self._sampled
+            self._sampled = None
+            with times.phase("sample_wait"):
+                result = sampled.result()
+            with times.phase("update"):
+                self._update(sched, result.sampled, result.logprobs)
+        mask_job = bitmask = None
+        if self._launched is not None:
+            launched_sched, launched = self._launched
+            bitmask = self.runner.new_bitmask(launched.inputs.num_mask_rows)
+            if bitmask is not None:
+                mask_job = self.runner.submit_host_job(
+                    lambda: self._fill_step_masks(launched_sched, bitmask))
+        with times.phase("schedule"):
+            sched = self.scheduler.schedule()
+        inputs = None
+        if sched.scheduled:
+            times.count("steps")
+            placeholders = {}
+            if self._launched is not None:
+                rows = self._launched[1].inputs.row_of_request
+                placeholders = {b: rows[item.request.request_id]
+                                for b, item in enumerate(sched.scheduled) if item.placeholder}
+            with times.phase("prepare"):
+                inputs = self.runner.prepare(
+                    sched, [item.request.matcher is not None for item in sched.scheduled],
+                    placeholders)
+        previous = None
+        if self._launched is not None:
+            launched_sched, launched = self._launched
+            if mask_job is not None:
+                with times.phase("mask_wait"):
+                    mask_job.result()
+            sampled = self.runner.sample(launched, bitmask, len(launched_sched.scheduled))
+            self._sampled = (launched_sched, sampled)
+            self._launched = None
+            previous = sampled.token_ids
+        if inputs is not None:
+            self._launched = (sched, self.runner.launch(inputs, previous))
+            for item in sched.scheduled:
+                request = item.request
+                request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
+                if item.sample and item.num_draft_tokens:
+                    request.awaiting_drafts = True
+                elif item.sample:
+                    request.num_inflight_samples += 1
+        return self._collect_outputs()
+
+    def _fill_step_masks(self, sched: SchedulerOutput, bitmask) -> None:
+        """The mask rows of a launched step, from the matchers as the last update left them
+        (on the mask thread; nothing else moves the matchers meanwhile). Rows of requests that
+        finished since are left all-allowed: their tokens are dropped."""
+        entries: list = []
+        row = 0
+        with self.step_times.phase("mask_fill (thread)"):
+            for item in sched.scheduled:
+                request = item.request
+                if request.matcher is None or not item.sample:
+                    continue
+                drafts = item.draft_token_ids
+                if request.is_finished or request.matcher.is_terminated():
+                    bitmask[row:row + len(drafts) + 1] = -1
+                else:
+                    entries.append((request.matcher, drafts, row))
+                row += len(drafts) + 1
+            if entries:
+                fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
+
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
@@ -189,7 +277,7 @@ class Engine:
             request = item.request
             if request.matcher is None or not item.sample:
                 continue
-            drafts = request.draft_token_ids[:item.num_draft_tokens]
+            drafts = item.draft_token_ids
             ahead = self._prefetch.take(request.request_id, request.matcher, drafts)
             if ahead is None:
                 entries.append((request.matcher, drafts, row))
@@ -212,12 +300,21 @@ class Engine:
         self.stats_totals.forward_passes_total += num_passes
         for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
             request = item.request
-            if request.is_finished:  # aborted while the step ran
+            if self.overlap:  # this step is no longer in flight
+                request.num_inflight_tokens -= item.num_new_tokens + item.num_draft_tokens
+                if item.sample and item.num_draft_tokens:
+                    request.awaiting_drafts = False
+                elif item.sample:
+                    request.num_inflight_samples -= 1
+            if request.is_finished:  # finished (or aborted) while the step ran
                 continue
             request.metrics.forward_passes += num_passes
+            # preempted while the step ran: its tokens stand, its cache is gone
+            keep_cache = request.status is RequestStatus.RUNNING
             base = request.num_computed_tokens + item.num_new_tokens
             if not item.sample:
-                self.scheduler.commit_computed(request, base)
+                if keep_cache:
+                    self.scheduler.commit_computed(request, base)
                 continue
             if multi_step:
                 num_appended = 0
@@ -229,8 +326,8 @@ class Engine:
                     self.scheduler.commit_computed(request, base + num_appended - 1)
                     self.scheduler.trim_blocks(request)
                 continue
-            drafts = request.draft_token_ids[:item.num_draft_tokens]
-            request.draft_token_ids = []
+            drafts = item.draft_token_ids
+            request.draft_token_ids = []  # used now; the proposal below makes the next ones
             num_matched = 0
             for j, token in enumerate(tokens):
                 if self._append_token(request, token, lps[j]):
@@ -249,8 +346,9 @@ class Engine:
                     request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
             if request.is_finished:
                 continue
-            self.scheduler.commit_computed(request, base + num_matched)
-            self.scheduler.trim_blocks(request)
+            if keep_cache:
+                self.scheduler.commit_computed(request, base + num_matched)
+                self.scheduler.trim_blocks(request)
             if self.config.jump_forward and request.matcher is not None:
                 with self.step_times.phase("jump_forward"):
                     self._propose_jump(request)

@@ -35,6 +35,10 @@ class Request:
     # jump-forward: forced tokens proposed for the next step, verified there like draft tokens
     draft_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (committed tokens only)
+    # overlapped scheduling: what launched steps, not yet seen by the host, add
+    num_inflight_tokens: int = 0  # tokens they compute (not yet in num_computed_tokens)
+    num_inflight_samples: int = 0  # tokens they sample as plain decodes (next inputs, unknown)
+    awaiting_drafts: bool = False  # in flight with drafts: how many it keeps is unknown
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
     ngram: NgramIndex | None = None  # the request's tokens indexed for prompt-lookup drafts
@@ -74,6 +78,10 @@ class Request:
         if index < len(self.output_token_ids):
             return self.output_token_ids[index]
         return self.draft_token_ids[index - len(self.output_token_ids)]
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self.num_inflight_tokens or self.num_inflight_samples or self.awaiting_drafts)
 
     @property
     def is_finished(self) -> bool:

@@ -23,6 +23,8 @@ class ScheduledRequest:
     num_new_tokens: int  # committed tokens computed this step, from num_computed_tokens on
     num_draft_tokens: int  # jump-forward drafts fed after them (only when sampling)
     sample: bool  # the chunk reaches the last known token: sample 1 + num_draft_tokens tokens
+    draft_token_ids: list[int] = field(default_factory=list)  # the drafts fed, as scheduled
+    placeholder: bool = False  # its one new token is its previous step's in-flight sample
 
 
 @dataclass(slots=True)
@@ -106,6 +108,8 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:  # preempted for an older one
                 continue
+            if request.in_flight and not self._overlap(request):
+                continue
             item = self._fit(request, budget, out)
             if item is not None and item.num_new_tokens + item.num_draft_tokens:
                 out.scheduled.append(item)
@@ -114,6 +118,8 @@ class Scheduler:
         # 2. admit waiting requests while the budget, the seat count and the cache allow
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.in_flight:  # preempted while a step of it ran: wait for its tokens
+                break
             if not self._admit(request):
                 break
             self.waiting.popleft()
@@ -163,10 +169,28 @@ class Scheduler:
         # cached-but-unreferenced hits leave the free queue when shared
         return sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
 
+    def _overlap(self, request: Request) -> bool:
+        """Whether a request with a step in flight joins this one (overlapped scheduling)."""
+        p = request.params
+        choice = policy.overlap_choice(
+            num_inflight_samples=request.num_inflight_samples,
+            awaiting_drafts=request.awaiting_drafts,
+            num_forced_drafts=request.num_forced_drafts if request.draft_token_ids else 0,
+            needs_history=bool(p.presence_penalty or p.frequency_penalty
+                               or p.repetition_penalty != 1.0),
+            tokens_left=min(request.max_tokens - len(request.output_token_ids),
+                            self.max_model_len - request.num_tokens)
+            - request.num_inflight_samples)
+        if choice != "run":
+            # drafts proposed before the in-flight token: stale once it is known
+            request.draft_token_ids = []
+        return choice != "wait"
+
     def _fit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
         """Decide this step's tokens for a running request and secure their blocks, preempting
         the newest running requests if needed. None: the request itself was preempted."""
-        pending = request.num_tokens - request.num_computed_tokens
+        computed = request.num_computed_tokens + request.num_inflight_tokens
+        pending = request.num_tokens + request.num_inflight_samples - computed
         num_new = policy.num_tokens_to_schedule(pending, budget)
         sample = num_new == pending
         num_draft = (min(len(request.draft_token_ids), budget - num_new, self._draft_budget)
@@ -174,7 +198,7 @@ class Scheduler:
         self._draft_budget -= num_draft
         if num_draft < len(request.draft_token_ids):
             request.draft_token_ids = request.draft_token_ids[:num_draft]
-        needed = self.blocks.blocks_needed(request.num_computed_tokens + num_new + num_draft)
+        needed = self.blocks.blocks_needed(computed + num_new + num_draft)
         extra = needed - len(request.block_ids)
         while extra > self.blocks.num_free_blocks:
             victim = self._preempt_newest(out)
@@ -182,7 +206,9 @@ class Scheduler:
                 return None
         if extra > 0:
             request.block_ids += self.blocks.allocate(extra)
-        return ScheduledRequest(request, num_new, num_draft, sample)
+        return ScheduledRequest(request, num_new, num_draft, sample,
+                                draft_token_ids=list(request.draft_token_ids[:num_draft]),
+                                placeholder=request.num_inflight_samples > 0)
 
     def _preempt_newest(self, out: SchedulerOutput) -> Request:
         order = [self.arrival_index[r.request_id] for r in self.running]
@@ -241,7 +267,7 @@ class Scheduler:
 
     def trim_blocks(self, request: Request) -> None:
         """Free blocks past what the request's tokens need (rejected drafts' slots)."""
-        keep = self.blocks.blocks_needed(request.num_tokens + 1)
+        keep = self.blocks.blocks_needed(request.num_tokens + request.num_inflight_samples + 1)
         if len(request.block_ids) > keep:
             self.blocks.free(request.block_ids[keep:])
             del request.block_ids[keep:]

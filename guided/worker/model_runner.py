@@ -19,7 +19,7 @@ from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
-from guided.worker.sampler import SamplerOutput, SamplingRows, position_seed, sample
+from guided.worker.sampler import DeviceSample, SamplingRows, position_seed, sample_on_device
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,41 @@ class StepInputs:
     num_mask_rows: int
     query_lens: list[int]  # (B,) new tokens per request
     has_drafts: bool
+    # overlapped scheduling: input_ids[placeholder_index[i]] is the token the previous step
+    # samples in its row placeholder_row[i] (not yet known on the host)
+    placeholder_index: list[int] = dataclasses.field(default_factory=list)
+    placeholder_row: list[int] = dataclasses.field(default_factory=list)
+    row_of_request: dict[str, int] = dataclasses.field(default_factory=dict)  # first sampled row
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose forward pass is on the device; its sampling waits for the grammar masks."""
+    inputs: StepInputs
+    logits: torch.Tensor | None  # (N, V) on the device; None: nothing sampled this step
+
+
+@dataclass(slots=True)
+class SampledStep:
+    """A step whose tokens are sampled on the device and on their way to the host."""
+    inputs: StepInputs
+    num_scheduled: int
+    samples: DeviceSample | None
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """The sampled ids on the device, one per sampled row."""
+        return None if self.samples is None else self.samples.token_ids
+
+    def result(self) -> "RunnerOutput":
+        sampled: list[list[int]] = [[] for _ in range(self.num_scheduled)]
+        logprobs: list[list] = [[] for _ in range(self.num_scheduled)]
+        if self.samples is not None:
+            out = self.samples.result()
+            for row, owner in enumerate(self.inputs.row_owner):
+                sampled[owner].append(out.token_ids[row])
+                logprobs[owner].append(out.logprobs[row])
+        return RunnerOutput(sampled, logprobs)
 
 
 @dataclass(slots=True)
@@ -132,8 +167,15 @@ class ModelRunner:
         return num
 
     # -- one step -----------------------------------------------------------------------------
-    def prepare(self, sched: SchedulerOutput, constrained: list[bool]) -> StepInputs:
+    def prepare(self, sched: SchedulerOutput, constrained: list[bool],
+                placeholders: dict[int, int] | None = None) -> StepInputs:
+        """placeholders: scheduled index -> the previous step's sampled row whose token is this
+        request's next input (overlapped scheduling: that token is not on the host yet)."""
         bs = self.block_size
+        placeholders = placeholders or {}
+        placeholder_index: list[int] = []
+        placeholder_row: list[int] = []
+        row_of_request: dict[str, int] = {}
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -148,12 +190,22 @@ class ModelRunner:
         tables: list[list[int]] = []
         for b, item in enumerate(sched.scheduled):
             req = item.request
-            start = req.num_computed_tokens
+            start = req.num_computed_tokens + req.num_inflight_tokens
             n = item.num_new_tokens + item.num_draft_tokens
             table = req.block_ids
             tables.append(table + [0] * (max_blocks - len(table)))
+            pending_row = placeholders.get(b)
+            if pending_row is not None:  # its one new token is the in-flight sample
+                placeholder_index.append(len(ids))
+                placeholder_row.append(pending_row)
+            known = req.num_tokens
             for pos in range(start, start + n):
-                ids.append(req.token_at(pos))
+                if pending_row is not None:
+                    ids.append(0)  # gathered on the device at launch
+                elif pos < known:
+                    ids.append(req.token_at(pos))
+                else:
+                    ids.append(item.draft_token_ids[pos - known])
                 positions.append(pos)
                 slots.append(table[pos // bs] * bs + pos % bs)
             query_start.append(len(ids))
@@ -161,10 +213,12 @@ class ModelRunner:
             if not item.sample:
                 continue
             p = req.params
+            row_of_request[req.request_id] = len(logits_indices)
             for j in range(1 + item.num_draft_tokens):
                 logits_indices.append(len(ids) - 1 - item.num_draft_tokens + j)
                 row_owner.append(b)
-                out_index = len(req.output_token_ids) + j  # which output token this row samples
+                # which output token this row samples (an in-flight one comes before it)
+                out_index = len(req.output_token_ids) + (pending_row is not None) + j
                 rows.temperature.append(p.temperature)
                 rows.seeds.append(position_seed(req.seed, out_index))
                 rows.top_k.append(p.top_k)
@@ -174,7 +228,7 @@ class ModelRunner:
                 rows.frequency_penalty.append(p.frequency_penalty)
                 rows.repetition_penalty.append(p.repetition_penalty)
                 penalized = p.presence_penalty or p.frequency_penalty
-                rows.history.append(req.output_token_ids + req.draft_token_ids[:j]
+                rows.history.append(req.output_token_ids + item.draft_token_ids[:j]
                                     if penalized else [])
                 rows.prompt_ids.append(req.prompt_token_ids)
                 rows.num_logprobs.append(-1 if p.logprobs is None else p.logprobs)
@@ -202,47 +256,68 @@ class ModelRunner:
                                                                                non_blocking=True),
             rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows,
             query_lens=query_lens,
-            has_drafts=any(item.num_draft_tokens for item in sched.scheduled))
+            has_drafts=any(item.num_draft_tokens for item in sched.scheduled),
+            placeholder_index=placeholder_index, placeholder_row=placeholder_row,
+            row_of_request=row_of_request)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, constrained: list[bool],
                 fill_masks: MaskFiller) -> RunnerOutput:
-        times = self.times
-        with times.phase("prepare"):
+        """One synchronous step: the masks are filled on the mask thread during the forward."""
+        with self.times.phase("prepare"):
             inputs = self.prepare(sched, constrained)
-        bitmask_host = None
+        bitmask_host = self.new_bitmask(inputs.num_mask_rows)
         mask_job = None
-        if inputs.num_mask_rows:
-            # a normal tensor: the filler thread is outside inference mode (it is thread-local)
-            with torch.inference_mode(False):
-                bitmask_host = torch.empty(inputs.num_mask_rows, self.mask_words,
-                                           dtype=torch.int32, pin_memory=self.device.type == "cuda")
-            # the host fills the grammar masks while the device runs the forward pass
+        if bitmask_host is not None:
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
-        with times.phase("forward_launch"):
-            hidden = self._forward(inputs)
-        num_sched = len(sched.scheduled)
-        sampled: list[list[int]] = [[] for _ in range(num_sched)]
-        logprobs: list[list] = [[] for _ in range(num_sched)]
-        if inputs.logits_indices.numel() == 0:
-            if mask_job is not None:
-                mask_job.result()
-            return RunnerOutput(sampled, logprobs)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
-        bitmask = mask_rows = None
+        launched = self.launch(inputs)
         if mask_job is not None:
-            with times.phase("mask_wait"):
+            with self.times.phase("mask_wait"):
                 mask_job.result()
+        step = self.sample(launched, bitmask_host, len(sched.scheduled))
+        with self.times.phase("sample_and_sync"):
+            return step.result()
+
+    def new_bitmask(self, num_rows: int) -> torch.Tensor | None:
+        if not num_rows:
+            return None
+        # a normal tensor: the filler thread is outside inference mode (it is thread-local)
+        with torch.inference_mode(False):
+            return torch.empty(num_rows, self.mask_words, dtype=torch.int32,
+                               pin_memory=self.device.type == "cuda")
+
+    @torch.inference_mode()
+    def launch(self, inputs: StepInputs, previous: torch.Tensor | None = None) -> LaunchedStep:
+        """Queue the forward pass and the logits. previous: the last step's sampled ids on the
+        device, where the placeholder inputs come from (queued after that step's sampling)."""
+        with self.times.phase("forward_launch"):
+            if inputs.placeholder_index:
+                index = torch.tensor(inputs.placeholder_index, dtype=torch.int64)
+                rows = torch.tensor(inputs.placeholder_row, dtype=torch.int64)
+                inputs.input_ids[index.to(self.device, non_blocking=True)] = previous[
+                    rows.to(self.device, non_blocking=True)]
+            hidden = self._forward(inputs)
+            logits = None
+            if inputs.logits_indices.numel():
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
+        return LaunchedStep(inputs, logits)
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
+               num_scheduled: int) -> SampledStep:
+        """Queue the masked sampling and the copy of its ids to the host (not waited for)."""
+        inputs = launched.inputs
+        if launched.logits is None:
+            return SampledStep(inputs, num_scheduled, None)
+        bitmask = mask_rows = None
+        if bitmask_host is not None:
             bitmask = bitmask_host.to(self.device, non_blocking=True)
             mask_rows = torch.tensor(inputs.mask_rows, dtype=torch.int32).to(self.device,
                                                                              non_blocking=True)
-        with times.phase("sample_and_sync"):
-            out: SamplerOutput = sample(logits, inputs.rows, bitmask, mask_rows,
-                                        vocab_size=self.vocab_size)
-        for row, owner in enumerate(inputs.row_owner):
-            sampled[owner].append(out.token_ids[row])
-            logprobs[owner].append(out.logprobs[row])
-        return RunnerOutput(sampled, logprobs)
+        with self.times.phase("sample_launch"):
+            samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
+                                       vocab_size=self.vocab_size)
+        return SampledStep(inputs, num_scheduled, samples)
 
     @torch.inference_mode()
     def execute_decode_steps(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:

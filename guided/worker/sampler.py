@@ -88,17 +88,58 @@ def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
             row[probs < mp * probs.max()] = float("-inf")
 
 
+class DeviceSample:
+    """A step's samples still on the device; result() copies them to the host. The copy is
+    started at once (pinned buffer, non-blocking) so the host can do other work meanwhile, and
+    `token_ids` stays on the device for the next step's inputs (overlapped scheduling)."""
+
+    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int] | None,
+                 logprob_values: torch.Tensor | None, num_logprobs: list[int]):
+        self.token_ids = token_ids  # (N,) int64 on the device
+        self._logprob_rows = logprob_rows
+        self._logprob_values = logprob_values  # (len(rows), V) fp32 log-softmax, on the device
+        self._num_logprobs = num_logprobs
+        if token_ids.is_cuda:
+            self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            self._host.copy_(token_ids, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host, self._ready = token_ids, None
+
+    def result(self) -> SamplerOutput:
+        if self._ready is not None:
+            self._ready.synchronize()
+        token_ids = self._host.tolist()
+        logprobs: list = [None] * len(token_ids)
+        if self._logprob_rows:
+            lps = self._logprob_values.cpu()
+            for j, i in enumerate(self._logprob_rows):
+                k = self._num_logprobs[i]
+                top = []
+                if k > 0:
+                    vals, idx = torch.topk(lps[j], k)
+                    top = list(zip(idx.tolist(), vals.tolist()))
+                logprobs[i] = (float(lps[j][token_ids[i]]), top)
+        return SamplerOutput(token_ids, logprobs)
+
+
 def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
            mask_rows: torch.Tensor | None, *, vocab_size: int) -> SamplerOutput:
+    """sample_on_device, then its result on the host."""
+    return sample_on_device(logits, rows, bitmask, mask_rows, vocab_size=vocab_size).result()
+
+
+def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
+                     mask_rows: torch.Tensor | None, *, vocab_size: int) -> DeviceSample:
     """logits (N, V_logits) on the device; bitmask (M, W) int32 on the device or None;
     mask_rows (N,) int32 row of bitmask per logits row (-1: unconstrained)."""
     device = logits.device
-    n = logits.shape[0]
-    temperature = torch.tensor(rows.temperature, dtype=torch.float32, device=device)
-    seeds = torch.tensor(rows.seeds, dtype=torch.int64, device=device)
-    logprobs: list = [None] * n
-    if any(k >= 0 for k in rows.num_logprobs):
-        logprobs = _logprobs(logits, rows.num_logprobs)
+    temperature = torch.tensor(rows.temperature, dtype=torch.float32).to(device, non_blocking=True)
+    seeds = torch.tensor(rows.seeds, dtype=torch.int64).to(device, non_blocking=True)
+    wanted = [i for i, k in enumerate(rows.num_logprobs) if k >= 0]
+    # log-probabilities of the raw model distribution (as vLLM reports them)
+    lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
     if not rows.needs_slow_path:
         ids = masked_sample(logits, bitmask, mask_rows, temperature, seeds, vocab_size=vocab_size)
     else:
@@ -113,23 +154,4 @@ def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | Non
         noise = gumbel_noise_ref(seeds, work.shape[1])  # (N, V)
         noisy = torch.where(greedy[:, None], work, scaled + noise)
         ids = noisy.argmax(dim=-1)
-    token_ids = ids.tolist()  # the one device -> host copy of the step
-    for i, lp in enumerate(logprobs):
-        if lp is not None:
-            logprobs[i] = (float(lp[0][token_ids[i]]), lp[1])
-    return SamplerOutput(token_ids, logprobs)
-
-
-def _logprobs(logits: torch.Tensor, num_logprobs: list[int]) -> list:
-    """Log-probabilities of the raw model distribution (as vLLM reports them)."""
-    out: list = [None] * logits.shape[0]
-    wanted = [i for i, k in enumerate(num_logprobs) if k >= 0]
-    lps = torch.log_softmax(logits[wanted].float(), dim=-1).cpu()
-    for j, i in enumerate(wanted):
-        k = num_logprobs[i]
-        top = []
-        if k > 0:
-            vals, idx = torch.topk(lps[j], k)
-            top = list(zip(idx.tolist(), vals.tolist()))
-        out[i] = (lps[j], top)
-    return out
+    return DeviceSample(ids, wanted, lps, rows.num_logprobs)
