@@ -182,14 +182,15 @@ class Engine:
         return self._collect_outputs()
 
     def _step_overlapped(self) -> list[RequestOutput]:
-        """One call of the overlapped loop. On entry step t is sampled (its tokens copying to
-        the host) and step t+1's forward pass is queued behind it. The host reads step t's
-        tokens and updates its requests while the device runs t+1; then fills t+1's masks on
-        the mask thread while it schedules and prepares t+2; then queues t+1's sampling and
-        t+2's forward pass (whose inputs include t+1's samples, gathered on the device). The
-        device never waits for the host unless the host's work outlasts a forward pass.
-        A request that finishes at step t was already scheduled into t+1: that row's token is
-        dropped."""
+        """One call of the overlapped loop. On entry step t is sampled (its tokens on their way
+        to the host) and step t+1's forward pass is queued behind it. While the device runs
+        t+1 the host reads t's tokens and updates its requests, fills t+1's masks and queues
+        t+1's sampling, then schedules and prepares t+2 and queues its forward pass (whose
+        inputs include t+1's samples, gathered on the device). The device waits for the host
+        only when the host's work for a step outlasts a forward pass. A request that finished
+        at step t was already scheduled into t+1: that row's token is dropped. The masks are
+        filled on this thread: on a mask thread they would contend with the scheduling for
+        the GIL."""
         times = self.step_times
         if self._sampled is not None:
             sched, sampled = self._sampled
@@ -198,55 +199,47 @@ class Engine:
                 result = sampled.result()
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
-        mask_job = bitmask = None
-        if self._launched is not None:
-            launched_sched, launched = self._launched
-            bitmask = self.runner.new_bitmask(launched.inputs.num_mask_rows)
-            if bitmask is not None:
-                mask_job = self.runner.submit_host_job(
-                    lambda: self._fill_step_masks(launched_sched, bitmask))
-        with times.phase("schedule"):
-            sched = self.scheduler.schedule()
-        inputs = None
-        if sched.scheduled:
-            times.count("steps")
-            placeholders = {}
-            if self._launched is not None:
-                rows = self._launched[1].inputs.row_of_request
-                placeholders = {b: rows[item.request.request_id]
-                                for b, item in enumerate(sched.scheduled) if item.placeholder}
-            with times.phase("prepare"):
-                inputs = self.runner.prepare(
-                    sched, [item.request.matcher is not None for item in sched.scheduled],
-                    placeholders)
         previous = None
         if self._launched is not None:
             launched_sched, launched = self._launched
-            if mask_job is not None:
-                with times.phase("mask_wait"):
-                    mask_job.result()
+            self._launched = None
+            bitmask = self.runner.new_bitmask(launched.inputs.num_mask_rows)
+            if bitmask is not None:
+                self._fill_step_masks(launched_sched, bitmask)
             sampled = self.runner.sample(launched, bitmask, len(launched_sched.scheduled))
             self._sampled = (launched_sched, sampled)
-            self._launched = None
-            previous = sampled.token_ids
-        if inputs is not None:
-            self._launched = (sched, self.runner.launch(inputs, previous))
-            for item in sched.scheduled:
-                request = item.request
-                request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
-                if item.sample and item.num_draft_tokens:
-                    request.awaiting_drafts = True
-                elif item.sample:
-                    request.num_inflight_samples += 1
+            previous = sampled
+        with times.phase("schedule"):
+            sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return self._collect_outputs()
+        times.count("steps")
+        placeholders = {}
+        if previous is not None:
+            rows = previous.inputs.row_of_request
+            placeholders = {b: rows[item.request.request_id]
+                            for b, item in enumerate(sched.scheduled) if item.placeholder}
+        with times.phase("prepare"):
+            inputs = self.runner.prepare(
+                sched, [item.request.matcher is not None for item in sched.scheduled],
+                placeholders)
+        self._launched = (sched, self.runner.launch(
+            inputs, None if previous is None else previous.token_ids))
+        for item in sched.scheduled:
+            request = item.request
+            request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
+            if item.sample and item.num_draft_tokens:
+                request.awaiting_drafts = True
+            elif item.sample:
+                request.num_inflight_samples += 1
         return self._collect_outputs()
 
     def _fill_step_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        """The mask rows of a launched step, from the matchers as the last update left them
-        (on the mask thread; nothing else moves the matchers meanwhile). Rows of requests that
-        finished since are left all-allowed: their tokens are dropped."""
+        """The mask rows of a launched step, from the matchers as the last update left them.
+        Rows of requests that finished since are all-allowed: their tokens are dropped."""
         entries: list = []
         row = 0
-        with self.step_times.phase("mask_fill (thread)"):
+        with self.step_times.phase("mask_fill"):
             for item in sched.scheduled:
                 request = item.request
                 if request.matcher is None or not item.sample:
@@ -361,7 +354,9 @@ class Engine:
         if room <= 0:
             return
         lookup = None
-        if request.lookup_skip:
+        if request.num_inflight_samples:
+            pass  # its next step is in flight: only the forced text decides whether it waits
+        elif request.lookup_skip:
             request.lookup_skip -= 1
         elif self.config.lookup_draft_tokens:
             if request.ngram is None:

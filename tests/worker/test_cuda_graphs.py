@@ -12,9 +12,10 @@ pytestmark = pytest.mark.gpu
 
 
 def running_engine(prompts: list[list[int]]) -> Engine:
-    """An engine on synthetic:llama-3.2-1b whose requests are all past their prefill."""
+    """An engine on synthetic:llama-3.2-1b whose requests are all past their prefill, stepping
+    synchronously (these tests schedule and run steps by hand)."""
     engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=16,
-                                 max_model_len=1024, num_kv_blocks=256))
+                                 max_model_len=1024, num_kv_blocks=256, async_scheduling=False))
     assert engine.runner.graphs is not None
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, SamplingParams(max_tokens=20, temperature=0,
