@@ -38,8 +38,24 @@ XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "duration"})
 # admit e.g. Arabic digits that Python's \d matches); \b, \p, backreferences do not compile.
 _BAD_REGEX = re.compile(r"\(\?[=!<]|\\[DWSbBpPk1-9]|\[\^[^\]]*\\[dws]")
 
+# One string character that needs no escape. xgrammar 0.2.8 compiles minLength / maxLength into
+# a counted repetition that admits raw control characters (invalid JSON) and costs ~0.6 ms per
+# mask inside the string; this class, counted, admits only valid strings (without escapes) and
+# fills a mask in ~0.05 ms.
+_PLAIN_CHAR = r'[^"\\\x00-\x1f]'
+
+
+def length_pattern(min_length: int, max_length: int | None) -> str:
+    """A pattern for strings of min_length..max_length characters, none of them escaped."""
+    return f"^{_PLAIN_CHAR}{{{min_length},{'' if max_length is None else max_length}}}$"
+
+
 def rewrite_string(node: dict, pointer: str) -> None:
     pattern, fmt = node.get("pattern"), node.get("format")
+    if (pattern is None and fmt is None and ("minLength" in node or "maxLength" in node)
+            and "string" in as_list(node.get("type", "string"))):
+        node["pattern"] = length_pattern(node.pop("minLength", 0), node.pop("maxLength", None))
+        return
     if pattern is not None:
         if _BAD_REGEX.search(pattern) or _misplaced_anchor(pattern):
             raise refuse("pattern", pointer, f"regex {pattern!r} uses syntax (lookaround, "
