@@ -79,6 +79,14 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         batch_matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
     batch_matcher.batch_fill_next_token_bitmask(
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
+    kept = [(m.keep, row) for m, row in batch if m.keep is not None]
+    if kept:  # one AND over the rows that share a keep mask (every JSON row shares one)
+        keep = kept[0][0]
+        rows = torch.tensor([row for k, row in kept if k is keep])
+        bitmask[rows, :keep.shape[0]] &= keep
+        for k, row in kept:
+            if k is not keep:
+                bitmask[row, :k.shape[0]] &= k
     done = {id(m) for m, _ in batch}
     return [(m, row) for m, row in items if id(m) not in done]
 

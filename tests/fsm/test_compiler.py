@@ -124,8 +124,9 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
     schema = {"type": "object", "properties": {
         "id": {"type": "string", "maxLength": 6},
         "code": {"type": "string", "minLength": 2, "maxLength": 4},
-        "note": {"type": ["string", "null"], "minLength": 1}},
-        "required": ["id", "code", "note"], "additionalProperties": False}
+        "note": {"type": ["string", "null"], "minLength": 1},
+        "text": {"type": "string", "maxLength": 1000}},  # past the pattern rewrite's bound
+        "required": ["id", "code", "note", "text"], "additionalProperties": False}
     grammar = compiler.submit(ConstraintSpec("json_schema", json.dumps(schema))).result(60)
     token_bytes = compiler.vocab.token_bytes
     control = [i for i, b in enumerate(token_bytes) if b and min(b) < 0x20]
@@ -145,3 +146,15 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
             text += token_bytes[token]
         if matcher.is_terminated():
             jsonschema.validate(json.loads(text), schema)
+    # the batched fill (xgrammar's BatchGrammarMatcher) applies the same exclusion
+    from guided.fsm.bitmask_fill import fill_bitmasks
+
+    matchers = [grammar.matcher() for _ in range(3)]
+    for m, prefix in zip(matchers, [b'{"id": "a', b'{"id": "", "code": "ab', b'{"id": "", "code": '
+                                    b'"ab", "note": null, "text": "x']):
+        assert m.accept_bytes(prefix)
+    rows = torch.zeros(3, bitmask.shape[1], dtype=torch.int32)
+    fill_bitmasks([(m, i) for i, m in enumerate(matchers)], rows, num_threads=2,
+                  min_parallel_rows=2)
+    bits = ((rows.unsqueeze(2) >> torch.arange(32)) & 1).flatten(1)[:, :len(token_bytes)]
+    assert bits.sum() > 0 and not bits[:, control].any()
