@@ -67,9 +67,11 @@ class Engine:
         self._sampled: tuple[SchedulerOutput, SampledStep] | None = None
         self.stats_totals = EngineStats()
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
-                 "max_model_len %d", time.perf_counter() - t0, config.model, self.runner.device,
-                 str(self.runner.dtype).removeprefix("torch."), self.runner.num_blocks,
-                 config.block_size, self.runner.num_blocks * config.block_size, self.max_model_len)
+                 "max_model_len %d, %s scheduling", time.perf_counter() - t0, config.model,
+                 self.runner.device, str(self.runner.dtype).removeprefix("torch."),
+                 self.runner.num_blocks, config.block_size,
+                 self.runner.num_blocks * config.block_size, self.max_model_len,
+                 "overlapped" if self.overlap else "synchronous")
 
     @property
     def compiler(self):
