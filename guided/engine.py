@@ -158,7 +158,11 @@ class Engine:
             request.error_type = "constraint"
             self._finish(request, "error", error=request.error)
         if self.overlap:
-            return self._step_overlapped()
+            try:
+                return self._step_overlapped()
+            except Exception:
+                self._drop_pipeline()
+                raise
         times = self.step_times
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
@@ -235,6 +239,18 @@ class Engine:
             elif item.sample:
                 request.num_inflight_samples += 1
         return self._collect_outputs()
+
+    def _drop_pipeline(self) -> None:
+        """After a failed step: forget the steps in flight. Their requests go back to their
+        committed tokens (whose K/V are in the cache) and recompute from there."""
+        self._launched = self._sampled = None
+        for request in self.scheduler.running:
+            request.num_inflight_tokens = request.num_inflight_samples = 0
+            request.awaiting_drafts = False
+            request.draft_token_ids = []
+        for request in self.scheduler.waiting:
+            request.num_inflight_tokens = request.num_inflight_samples = 0
+            request.awaiting_drafts = False
 
     def _fill_step_masks(self, sched: SchedulerOutput, bitmask) -> None:
         """The mask rows of a launched step, from the matchers as the last update left them.

@@ -100,3 +100,31 @@ def test_overlap_survives_aborts_and_preemption_without_leaking_blocks():
     finally:
         llm.engine.shutdown()
         reference.engine.shutdown()
+
+
+def test_a_failed_overlapped_step_drops_the_pipeline_and_requests_recover(pair):
+    _, overlap = pair
+    engine = overlap.engine
+    p = prompts(overlap, 1)[0]
+    want = overlap.generate(p, SamplingParams(temperature=0, max_tokens=12))[0].token_ids
+    engine.add_request("x", p, SamplingParams(temperature=0, max_tokens=12))
+    for _ in range(4):
+        engine.step()
+    real_sample = engine.runner.sample
+
+    def broken(*args, **kwargs):  # after the launched step was taken off the pipeline
+        raise RuntimeError("device lost")
+
+    engine.runner.sample = broken
+    with pytest.raises(RuntimeError):
+        engine.step()
+    engine.runner.sample = real_sample
+    done = None
+    for _ in range(200):  # a request left counting a lost step would never finish
+        for out in engine.step():
+            if out.finished:
+                done = out
+        if not engine.has_unfinished_requests():
+            break
+    assert done is not None and done.token_ids == want
+    assert engine.stats().kv_blocks_in_use == 0
