@@ -2,15 +2,28 @@
 never half a UTF-8 character (a trailing U+FFFD waits for the next token)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from guided.scheduler.request import Request
 
+Decode = Callable[..., str]  # decode(ids, skip_special_tokens=...) -> text
 
-def detokenize_step(tokenizer, request: Request, skip_special_tokens: bool) -> str:
+
+def fast_decode(tokenizer) -> Decode:
+    """The Rust tokenizer's decode where it equals the wrapper's (no clean-up of spaces): two
+    calls per token on the engine's hot path, ~0.7 µs each instead of ~2.4 µs."""
+    rust = getattr(tokenizer, "_tokenizer", None)
+    if rust is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode
+    return rust.decode
+
+
+def detokenize_step(decode: Decode, request: Request, skip_special_tokens: bool) -> str:
     """Append the text of the request's new output tokens to request.text; returns the delta."""
     ids = request.output_token_ids
-    prefix = tokenizer.decode(ids[request.prefix_offset:request.read_offset],
-                              skip_special_tokens=skip_special_tokens)
-    full = tokenizer.decode(ids[request.prefix_offset:], skip_special_tokens=skip_special_tokens)
+    prefix = decode(ids[request.prefix_offset:request.read_offset],
+                    skip_special_tokens=skip_special_tokens)
+    full = decode(ids[request.prefix_offset:], skip_special_tokens=skip_special_tokens)
     if len(full) <= len(prefix) or full.endswith("\ufffd"):
         return ""
     delta = full[len(prefix):]

@@ -10,7 +10,7 @@ import time
 import torch
 
 from guided.config import EngineConfig
-from guided.detokenizer import detokenize_step, find_stop, held_back
+from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import fill_draft_rows
 from guided.fsm.jump_forward import CachedEncoder, propose_draft_tokens
@@ -55,6 +55,7 @@ class Engine:
         self.eos_token_ids = self._eos_ids()
         self._special_ids = frozenset(self.tokenizer.all_special_ids) | set(self.eos_token_ids)
         self._encoder = CachedEncoder(self.tokenizer)  # retokenizes forced text
+        self._decode = fast_decode(self.tokenizer)  # incremental detokenization
         self._compiler = None
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
@@ -410,7 +411,7 @@ class Engine:
             self._finish(request, "stop", stop_reason=token)
             return True
         checked = len(request.text)
-        detokenize_step(self.tokenizer, request, params.skip_special_tokens)
+        detokenize_step(self._decode, request, params.skip_special_tokens)
         if params.stop_list:
             hit = find_stop(request.text, params.stop_list, checked)
             if hit is not None:

@@ -1,0 +1,43 @@
+"""Incremental detokenization with the default model's tokenizer: the fast (Rust) decode equals
+the tokenizer's own, and the deltas add up to the text of the whole output."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from guided.detokenizer import detokenize_step, fast_decode
+from guided.params import SamplingParams
+from guided.scheduler.request import Request
+from guided.worker.loader import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("default")
+
+
+def test_fast_decode_equals_the_tokenizers_decode(tokenizer):
+    decode = fast_decode(tokenizer)
+    assert decode is not tokenizer.decode  # the Rust path is taken for this tokenizer
+    rng = random.Random(0)
+    specials = list(tokenizer.all_special_ids)
+    for _ in range(500):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 9))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(specials))
+        for skip in (True, False):
+            assert decode(ids, skip_special_tokens=skip) == tokenizer.decode(
+                ids, skip_special_tokens=skip)
+
+
+def test_deltas_add_up_to_the_whole_text_and_never_split_a_character(tokenizer):
+    text = "Grüße, 東京! naïve café ☕ — 🙂 done"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    request = Request("r", [1], SamplingParams(), seed=0, eos_token_ids=(), max_tokens=100)
+    decode = fast_decode(tokenizer)
+    deltas = []
+    for token in ids:
+        request.output_token_ids.append(token)
+        deltas.append(detokenize_step(decode, request, True))
+        assert "\ufffd" not in deltas[-1]
+    assert "".join(deltas) == request.text == tokenizer.decode(ids)
