@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_suite.sh serve-8b    # serving: json vs chat, prefix cache on/off
 #   bash benchmarks/gpu_suite.sh baseline-8b # transformers + xgrammar baseline
 #   bash benchmarks/gpu_suite.sh default     # the default model (needs GUIDED_DEFAULT_GGUF)
+#   bash benchmarks/gpu_suite.sh paired      # constrained / free, overlapped vs synchronous (MODEL=...)
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
 #   (and chat, shared-prefix)
@@ -41,5 +42,16 @@ default)
     --max-tokens 256 --ignore-eos --label "$M free"
   python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests 128 \
     --batch-size 64 --max-tokens 256 --label "$M" 2>>"$out/baseline.err" | tee "$out/baseline.md"
+  ;;
+paired)
+  # constrained / free on the same prompts and lengths, overlapped scheduling (the GPU default)
+  # and synchronous steps, at concurrency 64 and 256
+  for c in 64 256; do
+    for mode in true false; do
+      python benchmarks/engine_offline.py --model $M --workload $w/json.jsonl --num-requests 256 \
+        --concurrency $c --max-tokens 256 --paired --set async_scheduling=$mode \
+        2>>"$out/paired.err" | tee -a "$out/paired.md"
+    done
+  done
   ;;
 esac
