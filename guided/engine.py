@@ -1,6 +1,7 @@
-"""Engine: add_request / abort_request / step. One step: schedule -> execute (the grammar masks
-filled on the host while the model runs) -> sample -> update (append, verify jump-forward drafts,
-stop checks) -> outputs."""
+"""Engine: add_request / abort_request / step. One synchronous step: schedule -> execute (the
+grammar masks filled on the host while the model runs) -> sample -> update (append, verify
+jump-forward drafts, stop checks) -> outputs. On the GPU steps overlap instead
+(_step_overlapped): the host updates step t and schedules t+2 while the device runs t+1."""
 from __future__ import annotations
 
 import logging
