@@ -1,23 +1,22 @@
 """Engine: add_request / abort_request / step. One synchronous step: schedule -> execute (the
 grammar masks filled on the host while the model runs) -> sample -> update (append, verify
-jump-forward drafts, stop checks) -> outputs. On the GPU steps overlap instead
-(_step_overlapped): the host updates step t and schedules t+2 while the device runs t+1."""
+jump-forward drafts, stop checks) -> outputs. On the GPU steps overlap instead (overlap.py):
+the host updates step t and schedules t+2 while the device runs t+1."""
 from __future__ import annotations
 
 import logging
 import random
 import time
 
-import torch
-
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.bitmask_fill import fill_draft_rows
 from guided.fsm.jump_forward import CachedEncoder, propose_draft_tokens
 from guided.fsm.mask_prefetch import MaskPrefetch
+from guided.fsm.step_masks import fill_step_masks
 from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
+from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
 from guided.scheduler import policy
 from guided.scheduler.block_manager import BlockManager
@@ -25,7 +24,7 @@ from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker import loader
-from guided.worker.model_runner import LaunchedStep, ModelRunner, SampledStep
+from guided.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +60,14 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
         self._rng = random.Random(config.seed)
-        # overlapped scheduling: the step whose forward pass is queued (its masks not yet
-        # applied) and the step before it, sampled, whose tokens are on their way to the host
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
                         else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
-        self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None
-        self._sampled: tuple[SchedulerOutput, SampledStep] | None = None
+        self._overlapped = OverlappedSteps(
+            self.runner, self.scheduler, self.step_times,
+            fill_masks=lambda sched, bitmask: fill_step_masks(
+                sched, bitmask, num_threads=config.mask_threads, times=self.step_times),
+            update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
+        ) if self.overlap else None
         self.stats_totals = EngineStats()
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
                  "max_model_len %d, %s scheduling", time.perf_counter() - t0, config.model,
@@ -152,19 +153,16 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.num_unfinished > 0 or bool(self._changed)
-                or self._launched is not None or self._sampled is not None)
+                or self._overlapped is not None and self._overlapped.in_flight)
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         for request in self.scheduler.promote_compiled(self._make_matcher):
             request.error_type = "constraint"
             self._finish(request, "error", error=request.error)
-        if self.overlap:
-            try:
-                return self._step_overlapped()
-            except Exception:
-                self._drop_pipeline()
-                raise
+        if self._overlapped is not None:
+            self._overlapped.step()
+            return self._collect_outputs()
         times = self.step_times
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
@@ -189,90 +187,6 @@ class Engine:
                                       if r.matcher is not None and not r.is_finished])
         return self._collect_outputs()
 
-    def _step_overlapped(self) -> list[RequestOutput]:
-        """One call of the overlapped loop. On entry step t is sampled (its tokens on their way
-        to the host) and step t+1's forward pass is queued behind it. While the device runs
-        t+1 the host reads t's tokens and updates its requests, fills t+1's masks and queues
-        t+1's sampling, then schedules and prepares t+2 and queues its forward pass (whose
-        inputs include t+1's samples, gathered on the device). The device waits for the host
-        only when the host's work for a step outlasts a forward pass. A request that finished
-        at step t was already scheduled into t+1: that row's token is dropped. The masks are
-        filled on this thread: on a mask thread they would contend with the scheduling for
-        the GIL."""
-        times = self.step_times
-        if self._sampled is not None:
-            sched, sampled = self._sampled
-            self._sampled = None
-            with times.phase("sample_wait"):
-                result = sampled.result()
-            with times.phase("update"):
-                self._update(sched, result.sampled, result.logprobs)
-        previous = None
-        if self._launched is not None:
-            launched_sched, launched = self._launched
-            self._launched = None
-            bitmask = self.runner.new_bitmask(launched.inputs.num_mask_rows)
-            if bitmask is not None:
-                self._fill_step_masks(launched_sched, bitmask)
-            sampled = self.runner.sample(launched, bitmask, len(launched_sched.scheduled))
-            self._sampled = (launched_sched, sampled)
-            previous = sampled
-        with times.phase("schedule"):
-            sched = self.scheduler.schedule()
-        if not sched.scheduled:
-            return self._collect_outputs()
-        times.count("steps")
-        placeholders = {}
-        if previous is not None:
-            rows = previous.inputs.row_of_request
-            placeholders = {b: rows[item.request.request_id]
-                            for b, item in enumerate(sched.scheduled) if item.placeholder}
-        with times.phase("prepare"):
-            inputs = self.runner.prepare(
-                sched, [item.request.matcher is not None for item in sched.scheduled],
-                placeholders)
-        self._launched = (sched, self.runner.launch(
-            inputs, None if previous is None else previous.token_ids))
-        for item in sched.scheduled:
-            request = item.request
-            request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
-            if item.sample and item.num_draft_tokens:
-                request.awaiting_drafts = True
-            elif item.sample:
-                request.num_inflight_samples += 1
-        return self._collect_outputs()
-
-    def _drop_pipeline(self) -> None:
-        """After a failed step: forget the steps in flight. Their requests go back to their
-        committed tokens (whose K/V are in the cache) and recompute from there."""
-        self._launched = self._sampled = None
-        for request in self.scheduler.running:
-            request.num_inflight_tokens = request.num_inflight_samples = 0
-            request.awaiting_drafts = False
-            request.draft_token_ids = []
-        for request in self.scheduler.waiting:
-            request.num_inflight_tokens = request.num_inflight_samples = 0
-            request.awaiting_drafts = False
-
-    def _fill_step_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        """The mask rows of a launched step, from the matchers as the last update left them.
-        Rows of requests that finished since are all-allowed: their tokens are dropped."""
-        entries: list = []
-        row = 0
-        with self.step_times.phase("mask_fill"):
-            for item in sched.scheduled:
-                request = item.request
-                if request.matcher is None or not item.sample:
-                    continue
-                drafts = item.draft_token_ids
-                if request.is_finished or request.matcher.is_terminated():
-                    bitmask[row:row + len(drafts) + 1] = -1
-                else:
-                    entries.append((request.matcher, drafts, row))
-                row += len(drafts) + 1
-            if entries:
-                fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
-
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
@@ -280,30 +194,10 @@ class Engine:
         request.metrics.compile_seconds = grammar.compile_seconds
 
     def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
-        """Runs on the mask thread while the forward pass runs: rows filled ahead are copied,
-        the rest filled (see MaskPrefetch and fill_draft_rows)."""
-        entries: list = []  # (matcher, drafts, first row) still to fill
-        src: list[int] = []
-        dst: list[int] = []
-        row = 0
-        for item in sched.scheduled:
-            request = item.request
-            if request.matcher is None or not item.sample:
-                continue
-            drafts = item.draft_token_ids
-            ahead = self._prefetch.take(request.request_id, request.matcher, drafts)
-            if ahead is None:
-                entries.append((request.matcher, drafts, row))
-            else:
-                src.extend(range(ahead, ahead + len(drafts) + 1))
-                dst.extend(range(row, row + len(drafts) + 1))
-            row += len(drafts) + 1
+        """Runs on the mask thread while the forward pass runs."""
         with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
-            if src:
-                bitmask[torch.tensor(dst)] = self._prefetch.buffer[torch.tensor(src)]
-                self.step_times.count("mask_rows_ahead", len(src))
-            if entries:
-                fill_draft_rows(entries, bitmask, num_threads=self.config.mask_threads)
+            fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,
+                            times=self.step_times, prefetch=self._prefetch)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
@@ -313,12 +207,6 @@ class Engine:
         self.stats_totals.forward_passes_total += num_passes
         for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
             request = item.request
-            if self.overlap:  # this step is no longer in flight
-                request.num_inflight_tokens -= item.num_new_tokens + item.num_draft_tokens
-                if item.sample and item.num_draft_tokens:
-                    request.awaiting_drafts = False
-                elif item.sample:
-                    request.num_inflight_samples -= 1
             if request.is_finished:  # finished (or aborted) while the step ran
                 continue
             request.metrics.forward_passes += num_passes

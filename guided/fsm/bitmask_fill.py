@@ -8,6 +8,7 @@ or in Python threads for large batches (see benchmarks/bench_grammar.py).
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -71,22 +72,18 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         return items
     import xgrammar as xgr
 
-    import os
-
     threads = max(1, min(num_threads, os.cpu_count() or 1))
     batch_matcher = _batch_matchers.get(threads)
     if batch_matcher is None:
         batch_matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
     batch_matcher.batch_fill_next_token_bitmask(
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
-    kept = [(m.keep, row) for m, row in batch if m.keep is not None]
-    if kept:  # one AND over the rows that share a keep mask (every JSON row shares one)
-        keep = kept[0][0]
-        rows = torch.tensor([row for k, row in kept if k is keep])
-        bitmask[rows, :keep.shape[0]] &= keep
-        for k, row in kept:
-            if k is not keep:
-                bitmask[row, :k.shape[0]] &= k
+    by_ban: dict[int, tuple] = {}  # one AND per token ban (every JSON row shares one)
+    for m, row in batch:
+        if m.ban is not None:
+            by_ban.setdefault(id(m.ban), (m.ban, []))[1].append(row)
+    for ban, rows in by_ban.values():
+        bitmask[torch.tensor(rows), :ban.keep_words.shape[0]] &= ban.keep_words
     done = {id(m) for m, _ in batch}
     return [(m, row) for m, row in items if id(m) not in done]
 

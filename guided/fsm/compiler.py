@@ -136,9 +136,9 @@ class GrammarCompiler:
         else:
             compiled = xg.compile_grammar(spec.value)
         seconds = time.perf_counter() - start
-        keep = xg.json_keep_mask() if spec.kind in ("json_schema", "json_object") else None
+        ban = xg.json_ban() if spec.kind in ("json_schema", "json_object") else None
         return CompiledGrammar(spec, seconds, "xgrammar",
-                               lambda: XGrammarMatcher(compiled, vocab, keep=keep))
+                               lambda: XGrammarMatcher(compiled, vocab, ban=ban))
 
     def _outlines_backend(self):
         from guided.fsm.backends.outlines_backend import OutlinesBackend

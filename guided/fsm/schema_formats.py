@@ -40,7 +40,7 @@ _BAD_REGEX = re.compile(r"\(\?[=!<]|\\[DWSbBpPk1-9]|\[\^[^\]]*\\[dws]")
 
 # One string character that needs no escape. xgrammar 0.2.8 compiles minLength / maxLength into
 # a counted repetition that costs 0.5-0.9 ms per mask inside the string on average (and admits
-# raw control characters: the compiler's JSON keep-mask removes those); this class counted up
+# raw control characters: the JSON token ban (json_ban) removes those); this class counted up
 # to MAX_PATTERN_LENGTH costs 0.03-0.09 ms (benchmarks/bench_string_bounds.py), beyond it the
 # pattern grows slow, so larger bounds keep xgrammar's keywords. Strings so bounded are
 # written without escapes.

@@ -256,6 +256,35 @@ class Scheduler:
                 item.request.block_ids += self.blocks.allocate(n)
         return True
 
+    # -- steps in flight (overlapped scheduling) ----------------------------------------------
+    def launched(self, sched: SchedulerOutput) -> None:
+        """This step was queued on the device; the host sees its tokens later."""
+        for item in sched.scheduled:
+            request = item.request
+            request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
+            if item.sample and item.num_draft_tokens:
+                request.awaiting_drafts = True
+            elif item.sample:
+                request.num_inflight_samples += 1
+
+    def landed(self, sched: SchedulerOutput) -> None:
+        """This step's tokens reached the host (before the engine's update of them)."""
+        for item in sched.scheduled:
+            request = item.request
+            request.num_inflight_tokens -= item.num_new_tokens + item.num_draft_tokens
+            if item.sample and item.num_draft_tokens:
+                request.awaiting_drafts = False
+            elif item.sample:
+                request.num_inflight_samples -= 1
+
+    def forget_in_flight(self) -> None:
+        """The steps in flight are lost (a failed step): every request goes back to its
+        committed tokens."""
+        for request in [*self.running, *self.waiting]:
+            request.num_inflight_tokens = request.num_inflight_samples = 0
+            request.awaiting_drafts = False
+            request.draft_token_ids = []
+
     # -- after the step -----------------------------------------------------------------------
     def commit_computed(self, request: Request, num_computed: int) -> None:
         """Advance the request's computed tokens and register newly full blocks for reuse."""

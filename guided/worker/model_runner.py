@@ -57,7 +57,6 @@ class LaunchedStep:
 class SampledStep:
     """A step whose tokens are sampled on the device and on their way to the host."""
     inputs: StepInputs
-    num_scheduled: int
     samples: DeviceSample | None
 
     @property
@@ -66,8 +65,9 @@ class SampledStep:
         return None if self.samples is None else self.samples.token_ids
 
     def result(self) -> "RunnerOutput":
-        sampled: list[list[int]] = [[] for _ in range(self.num_scheduled)]
-        logprobs: list[list] = [[] for _ in range(self.num_scheduled)]
+        num_scheduled = len(self.inputs.query_lens)
+        sampled: list[list[int]] = [[] for _ in range(num_scheduled)]
+        logprobs: list[list] = [[] for _ in range(num_scheduled)]
         if self.samples is not None:
             out = self.samples.result()
             for row, owner in enumerate(self.inputs.row_owner):
@@ -274,7 +274,7 @@ class ModelRunner:
         if mask_job is not None:
             with self.times.phase("mask_wait"):
                 mask_job.result()
-        step = self.sample(launched, bitmask_host, len(sched.scheduled))
+        step = self.sample(launched, bitmask_host)
         with self.times.phase("sample_and_sync"):
             return step.result()
 
@@ -303,12 +303,11 @@ class ModelRunner:
         return LaunchedStep(inputs, logits)
 
     @torch.inference_mode()
-    def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
-               num_scheduled: int) -> SampledStep:
+    def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None) -> SampledStep:
         """Queue the masked sampling and the copy of its ids to the host (not waited for)."""
         inputs = launched.inputs
         if launched.logits is None:
-            return SampledStep(inputs, num_scheduled, None)
+            return SampledStep(inputs, None)
         bitmask = mask_rows = None
         if bitmask_host is not None:
             bitmask = bitmask_host.to(self.device, non_blocking=True)
@@ -317,7 +316,7 @@ class ModelRunner:
         with self.times.phase("sample_launch"):
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
                                        vocab_size=self.vocab_size)
-        return SampledStep(inputs, num_scheduled, samples)
+        return SampledStep(inputs, samples)
 
     @torch.inference_mode()
     def execute_decode_steps(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:

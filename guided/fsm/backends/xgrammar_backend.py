@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import torch
 import xgrammar as xgr
@@ -11,6 +12,12 @@ from guided.errors import ConstraintError
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import check_schema, fix_optional_groups
 from guided.fsm.vocab import TokenVocab
+
+
+class TokenBan(NamedTuple):
+    """Tokens a grammar must never allow, whatever its own masks say."""
+    keep_words: torch.Tensor  # int32 bitmask words, bits of the banned tokens cleared
+    ids: frozenset[int]  # the banned token ids (accept_token's check)
 
 
 class XGrammarBackend:
@@ -27,23 +34,25 @@ class XGrammarBackend:
             stop_token_ids=list(vocab.eos_token_ids))
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
                                             cache_enabled=False)
-        self._json_keep: torch.Tensor | None = None
+        self._json_ban: TokenBan | None = None
 
-    def json_keep_mask(self) -> torch.Tensor:
-        """Bitmask words (int32) of the tokens JSON output may ever contain: none with a raw
-        control byte (JSON escapes them), except whitespace tokens where whitespace is free.
-        ANDed into every JSON row because xgrammar 0.2.8's minLength / maxLength strings
-        admit raw control characters."""
-        if self._json_keep is None:
+    def json_ban(self) -> TokenBan:
+        """The tokens JSON output may never contain: those with a raw control byte (JSON
+        escapes them), except whitespace tokens where whitespace is free. Applied to every
+        JSON row because xgrammar 0.2.8's minLength / maxLength strings admit raw control
+        characters."""
+        if self._json_ban is None:
             allowed = b"\t\n\r" if self.config.any_whitespace else b""
+            banned = frozenset(
+                i for i, data in enumerate(self.vocab.token_bytes)
+                if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data))
             keep = torch.ones(-(-self.vocab.vocab_size // 32) * 32, dtype=torch.bool)
-            for i, data in enumerate(self.vocab.token_bytes):
-                if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data):
-                    keep[i] = False
+            keep[sorted(banned)] = False
             weights = 1 << torch.arange(32, dtype=torch.int64)
             words = (keep.view(-1, 32).long() * weights).sum(1)
-            self._json_keep = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
-        return self._json_keep
+            words = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
+            self._json_ban = TokenBan(words, banned)
+        return self._json_ban
 
     def json_options(self) -> dict:
         if self.config.any_whitespace:
@@ -86,14 +95,14 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_matcher", "_num_tokens", "keep")
+    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
-                 keep: torch.Tensor | None = None):
+                 ban: TokenBan | None = None):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
-        self.keep = keep  # int32 words ANDed into every row (json_keep_mask), or None
+        self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None
 
     @property
     def xgrammar_matcher(self) -> xgr.GrammarMatcher:
@@ -102,7 +111,7 @@ class XGrammarMatcher(Matcher):
     def accept_token(self, token_id: int) -> bool:
         if not 0 <= token_id < self._num_tokens or self._matcher.is_terminated():
             return False
-        if self.keep is not None and not (int(self.keep[token_id >> 5]) >> (token_id & 31)) & 1:
+        if self.ban is not None and token_id in self.ban.ids:
             return False
         return self._matcher.accept_token(token_id)
 
@@ -111,8 +120,8 @@ class XGrammarMatcher(Matcher):
             bitmask[row].zero_()
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self.keep is not None:
-            bitmask[row, :self.keep.shape[0]] &= self.keep
+        if self.ban is not None:
+            bitmask[row, :self.ban.keep_words.shape[0]] &= self.ban.keep_words
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:

@@ -1,0 +1,42 @@
+"""A step's grammar mask rows: one row per sampled position of each constrained request (its
+row before every draft, then the bonus row), in the order the runner lays out sampled rows."""
+from __future__ import annotations
+
+import torch
+
+from guided.fsm.bitmask_fill import fill_draft_rows
+from guided.fsm.mask_prefetch import MaskPrefetch
+from guided.scheduler.scheduler import SchedulerOutput
+from guided.step_times import StepTimes
+
+
+def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
+                    times: StepTimes, prefetch: MaskPrefetch | None = None) -> None:
+    """Rows filled ahead (prefetch) are copied, the rest filled from the matchers (which hold
+    the committed tokens only). Rows of requests that finished since the step was scheduled
+    (overlapped scheduling) allow everything: their tokens are dropped."""
+    entries: list = []  # (matcher, drafts, first row) still to fill
+    src: list[int] = []
+    dst: list[int] = []
+    row = 0
+    for item in sched.scheduled:
+        request = item.request
+        if request.matcher is None or not item.sample:
+            continue
+        drafts = item.draft_token_ids
+        num_rows = len(drafts) + 1
+        ahead = None if prefetch is None else prefetch.take(request.request_id,
+                                                             request.matcher, drafts)
+        if request.is_finished or request.matcher.is_terminated():
+            bitmask[row:row + num_rows] = -1
+        elif ahead is not None:
+            src.extend(range(ahead, ahead + num_rows))
+            dst.extend(range(row, row + num_rows))
+        else:
+            entries.append((request.matcher, drafts, row))
+        row += num_rows
+    if src:
+        bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
+        times.count("mask_rows_ahead", len(src))
+    if entries:
+        fill_draft_rows(entries, bitmask, num_threads=num_threads)

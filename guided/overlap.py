@@ -1,0 +1,90 @@
+"""Overlapped scheduling: the order of device work when the host's work for step t runs while
+the device runs step t+1.
+
+On entry to step() step t is sampled (its tokens on their way to the host) and step t+1's
+forward pass is queued behind it. While the device runs t+1 the host reads t's tokens and
+updates its requests, fills t+1's masks and queues t+1's sampling, then schedules and prepares
+t+2 and queues its forward pass, whose inputs include t+1's samples, gathered on the device.
+The device waits for the host only when the host's work for a step outlasts a forward pass. A
+request that finished at step t was already scheduled into t+1: that row's token is dropped.
+The masks are filled on this thread: on a mask thread they would contend with the scheduling
+for the GIL. What the requests make of their tokens is the engine's (update)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from guided.scheduler.scheduler import Scheduler, SchedulerOutput
+from guided.step_times import StepTimes
+from guided.worker.model_runner import LaunchedStep, ModelRunner, RunnerOutput, SampledStep
+
+FillMasks = Callable[[SchedulerOutput, torch.Tensor], None]
+Update = Callable[[SchedulerOutput, RunnerOutput], None]
+
+
+class OverlappedSteps:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
+                 fill_masks: FillMasks, update: Update):
+        self._runner = runner
+        self._scheduler = scheduler
+        self._times = times
+        self._fill_masks = fill_masks
+        self._update = update
+        self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None  # masks not applied
+        self._sampled: tuple[SchedulerOutput, SampledStep] | None = None  # tokens copying
+
+    @property
+    def in_flight(self) -> bool:
+        return self._launched is not None or self._sampled is not None
+
+    def step(self) -> None:
+        try:
+            self._step()
+        except Exception:
+            self.drop()
+            raise
+
+    def _step(self) -> None:
+        times, runner = self._times, self._runner
+        if self._sampled is not None:
+            sched, sampled = self._sampled
+            self._sampled = None
+            with times.phase("sample_wait"):
+                result = sampled.result()
+            self._scheduler.landed(sched)
+            with times.phase("update"):
+                self._update(sched, result)
+        previous = None
+        if self._launched is not None:
+            launched_sched, launched = self._launched
+            self._launched = None
+            bitmask = runner.new_bitmask(launched.inputs.num_mask_rows)
+            if bitmask is not None:
+                with times.phase("mask_fill"):
+                    self._fill_masks(launched_sched, bitmask)
+            previous = runner.sample(launched, bitmask)
+            self._sampled = (launched_sched, previous)
+        with times.phase("schedule"):
+            sched = self._scheduler.schedule()
+        if not sched.scheduled:
+            return
+        times.count("steps")
+        placeholders = {}
+        if previous is not None:
+            rows = previous.inputs.row_of_request
+            placeholders = {b: rows[item.request.request_id]
+                            for b, item in enumerate(sched.scheduled) if item.placeholder}
+        with times.phase("prepare"):
+            inputs = runner.prepare(
+                sched, [item.request.matcher is not None for item in sched.scheduled],
+                placeholders)
+        self._launched = (sched, runner.launch(
+            inputs, None if previous is None else previous.token_ids))
+        self._scheduler.launched(sched)
+
+    def drop(self) -> None:
+        """After a failed step: forget the steps in flight. Their requests go back to their
+        committed tokens (whose K/V are in the cache) and recompute from there."""
+        self._launched = self._sampled = None
+        self._scheduler.forget_in_flight()
