@@ -11,7 +11,8 @@ import time
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.jump_forward import CachedEncoder, propose_draft_tokens
+from guided.fsm.jump_forward import (CachedEncoder, propose_anchored_drafts,
+                                     propose_draft_tokens)
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.step_masks import fill_step_masks
 from guided.ngram import NgramIndex
@@ -207,6 +208,9 @@ class Engine:
         self.stats_totals.forward_passes_total += num_passes
         for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
             request = item.request
+            if item.voided:  # it assumed drafts its previous step rejected
+                self.step_times.count("voided_rows")
+                continue
             if request.is_finished:  # finished (or aborted) while the step ran
                 continue
             request.metrics.forward_passes += num_passes
@@ -228,7 +232,16 @@ class Engine:
                     self.scheduler.trim_blocks(request)
                 continue
             drafts = item.draft_token_ids
-            request.draft_token_ids = []  # used now; the proposal below makes the next ones
+            if item.drafts_void:  # anchored on a token the previous step did not sample
+                self.step_times.count("anchor_misses")
+                if item.num_draft_tokens > item.num_forced_drafts:  # a lookup guess missed
+                    request.lookup_misses += 1
+                    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
+                drafts, tokens = [], tokens[:1]
+            elif item.anchor is not None:
+                self.step_times.count("anchor_hits")
+            # used now; the proposal below makes the next ones
+            request.draft_token_ids, request.draft_anchor = [], None
             num_matched = 0
             for j, token in enumerate(tokens):
                 if self._append_token(request, token, lps[j]):
@@ -239,14 +252,15 @@ class Engine:
                     break
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
-            if len(drafts) > request.num_forced_drafts:  # lookup tokens were drafted
-                if num_matched > request.num_forced_drafts:
+            if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
+                if num_matched > item.num_forced_drafts:
                     request.lookup_misses = 0
-                elif num_matched == request.num_forced_drafts:  # the first guess was wrong
+                elif num_matched == item.num_forced_drafts:  # the first guess was wrong
                     request.lookup_misses += 1
                     request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
             if request.is_finished:
                 continue
+            self.scheduler.settle_in_flight(request, kept_all_drafts=num_matched == len(drafts))
             if keep_cache:
                 self.scheduler.commit_computed(request, base + num_matched)
                 self.scheduler.trim_blocks(request)
@@ -255,32 +269,44 @@ class Engine:
                     self._propose_jump(request)
 
     def _propose_jump(self, request: Request) -> None:
-        room = min(request.max_tokens - len(request.output_token_ids) - 1,
-                   self.max_model_len - request.num_tokens - 1,
-                   self.config.max_jump_forward_tokens,
+        inflight = request.inflight  # overlapped scheduling: its next step is on the device
+        room = min(request.max_tokens - len(request.output_token_ids),
+                   self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
+        room = min(room, self.config.max_jump_forward_tokens,
                    self.runner.max_draft_tokens or self.config.max_jump_forward_tokens)
+        request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
         if room <= 0:
             return
-        lookup = None
-        if request.num_inflight_samples:
-            pass  # its next step is in flight: only the forced text decides whether it waits
-        elif request.lookup_skip:
-            request.lookup_skip -= 1
-        elif self.config.lookup_draft_tokens:
-            if request.ngram is None:
-                request.ngram = NgramIndex(self._special_ids)
-            request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
-            lookup = request.ngram
+        token_bytes = self.compiler.vocab.token_bytes
         try:
-            drafts, num_forced = propose_draft_tokens(
-                self._encoder, self.compiler.vocab.token_bytes, request.matcher,
-                request.output_token_ids, max_tokens=room, lookup=lookup,
-                lookup_tokens=self.config.lookup_draft_tokens)
+            lookup = self._lookup_index(request)
+            if inflight is not None:
+                assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
+                request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
+                    self._encoder, token_bytes, request.matcher, request.output_token_ids,
+                    assumed, max_tokens=room, lookup=lookup,
+                    lookup_tokens=self.config.lookup_draft_tokens)
+            else:
+                drafts, num_forced = propose_draft_tokens(
+                    self._encoder, token_bytes, request.matcher, request.output_token_ids,
+                    max_tokens=room, lookup=lookup, lookup_tokens=self.config.lookup_draft_tokens)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
-            drafts, num_forced = [], 0
+            request.draft_anchor, drafts, num_forced = None, [], 0
         request.draft_token_ids = drafts
         request.num_forced_drafts = num_forced
+
+    def _lookup_index(self, request: Request) -> NgramIndex | None:
+        """The request's prompt-lookup index, or None while it cools down after misses."""
+        if request.lookup_skip:
+            request.lookup_skip -= 1
+            return None
+        if not self.config.lookup_draft_tokens:
+            return None
+        if request.ngram is None:
+            request.ngram = NgramIndex(self._special_ids)
+        request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+        return request.ngram
 
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""
@@ -320,7 +346,7 @@ class Engine:
 
     def _finish(self, request: Request, reason: str, *, error: str | None = None,
                 stop_reason=None) -> None:
-        request.draft_token_ids = []
+        request.draft_token_ids, request.draft_anchor = [], None
         self.scheduler.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -72,8 +72,10 @@ class OverlappedSteps:
         times.count("steps")
         placeholders = {}
         if previous is not None:
+            # the last row of each request in t+1: its drafts are assumed accepted
             rows = previous.inputs.row_of_request
             placeholders = {b: rows[item.request.request_id]
+                            + item.request.inflight.num_live_drafts
                             for b, item in enumerate(sched.scheduled) if item.placeholder}
         with times.phase("prepare"):
             inputs = runner.prepare(

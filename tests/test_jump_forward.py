@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
-from guided.fsm.jump_forward import complete_utf8_prefix, propose_draft_tokens, retokenize
+from guided.fsm.jump_forward import (complete_utf8_prefix, propose_anchored_drafts,
+                                     propose_draft_tokens, retokenize)
 from guided.ngram import NgramIndex
 from guided.params import ConstraintSpec
 
@@ -100,6 +101,29 @@ def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
                                      lookup=index, lookup_tokens=4)
     assert tok.decode(drafts) in ("", "!")  # "xyz" after "!" is outside the grammar
     assert matcher.accept_token(tok.encode("cd", add_special_tokens=False)[0])  # state unchanged
+
+
+def test_anchored_drafts_follow_the_assumed_tokens_and_the_guessed_sample(llm_on):
+    """Overlap: the in-flight step feeds `assumed` and samples one unknown token; the
+    proposal guesses it (the anchor: the forced text's first token) and drafts what follows."""
+    tok, token_bytes = llm_on.tokenizer, llm_on.engine.compiler.vocab.token_bytes
+    compiled = llm_on.engine.compiler.compile(ConstraintSpec(kind="regex",
+                                                             value=r'(yes|no), then: the end'))
+    matcher = compiled.matcher()
+    out = tok.encode("yes", add_special_tokens=False)
+    for t in out[:-1]:
+        assert matcher.accept_token(t)
+    # the last token of "yes" is in flight as a draft: the forced ", then: the end" follows it
+    anchor, drafts, num_forced = propose_anchored_drafts(
+        tok, token_bytes, matcher, out[:-1], out[-1:], max_tokens=16)
+    want = retokenize(tok, token_bytes, out, b", then: the end")
+    assert [anchor] + drafts == want and num_forced == len(drafts)
+    assert propose_anchored_drafts(tok, token_bytes, matcher, out[:-1], out[-1:],
+                                   max_tokens=2)[1] == want[1:3]  # cut after the anchor
+    assert matcher.accept_token(out[-1])  # the matcher is unchanged: it takes that token
+    # nothing forced at the start ("yes" or "no" is the model's choice): no anchor
+    assert propose_anchored_drafts(tok, token_bytes, compiled.matcher(), [], [],
+                                   max_tokens=8) == (None, [], 0)
 
 
 # ---- on == off ----------------------------------------------------------------------------------

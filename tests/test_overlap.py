@@ -64,6 +64,28 @@ def test_overlap_gives_the_same_outputs_as_synchronous_steps(pair):
     assert overlap.engine.stats().jump_forward_tokens_total > 0
 
 
+def test_drafts_anchored_on_the_in_flight_sample_keep_outputs_and_save_passes(pair):
+    """Under overlap a constrained request drafts every step: forced text (and prompt lookup)
+    after its in-flight sample, anchored on a guess of that sample. Hits, misses and voided
+    entries (a draft of the step before was rejected) must all leave the outputs unchanged."""
+    sync, overlap = pair
+    ps = prompts(sync, 8)
+    params = [SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=80,
+                             json_schema=PERSON) for i in range(8)]
+    want = sync.generate(ps, params)
+    overlap.engine.step_times.reset()
+    got = overlap.generate(ps, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for out, p in zip(got, params):
+        if out.finish_reason == "stop":
+            jsonschema.validate(json.loads(out.text), p.json_schema)
+    counts = overlap.engine.step_times.counts
+    assert counts["anchor_hits"] > 0 and counts["anchor_misses"] + counts["voided_rows"] > 0
+    # fewer forward passes per request than tokens: drafts were verified while overlapping
+    assert sum(o.metrics.forward_passes for o in got) < 0.8 * sum(len(o.token_ids) for o in got)
+    assert overlap.engine.stats().kv_blocks_in_use == 0
+
+
 def test_overlap_survives_aborts_and_preemption_without_leaking_blocks():
     llm = LLM(num_kv_blocks=8, max_num_seqs=8, admission_lookahead_tokens=0,
               enable_prefix_caching=False, async_scheduling=True, device="cpu")

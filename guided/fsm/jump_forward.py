@@ -121,3 +121,40 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                                k=min(lookup_tokens, max_tokens - len(draft)))
     draft = grammatical_prefix(matcher, draft) if draft else []
     return draft, min(num_forced, len(draft))
+
+
+def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher,
+                            output_ids: list[int], assumed: list[int], *, max_tokens: int,
+                            lookup: NgramIndex | None = None, lookup_tokens: int = 0,
+                            lookup_min_n: int = 2, lookup_max_n: int = 4
+                            ) -> tuple[int | None, list[int], int]:
+    """Drafts for a request whose next step is in flight (overlapped scheduling): that step
+    feeds `assumed` (its drafts, taken as accepted) and samples one more token, unknown yet.
+    The guess for that token is the anchor: the first token of the forced continuation after
+    `assumed`, or else of the prompt-lookup continuation; the drafts (up to max_tokens) follow
+    it. Returns (anchor, drafts, how many drafts are forced text), or (None, [], 0) when there
+    is no guess or nothing would follow it. The matcher is left unchanged."""
+    if max_tokens <= 0:
+        return None, [], 0
+    walked = 0
+    try:
+        for token in assumed:
+            if not matcher.accept_token(token):
+                return None, [], 0
+            walked += 1
+        if matcher.is_terminated():
+            return None, [], 0
+        forced = matcher.forced_string()
+        context = output_ids + assumed
+        tokens = (retokenize(tokenizer, token_bytes, context, forced)[:max_tokens + 1]
+                  if forced else [])
+        num_forced = len(tokens)
+        if lookup is not None and lookup_tokens > 0 and len(tokens) < max_tokens + 1:
+            tokens += lookup.lookup(assumed + tokens, min_n=lookup_min_n, max_n=lookup_max_n,
+                                    k=min(lookup_tokens, max_tokens + 1 - len(tokens)))
+        tokens = grammatical_prefix(matcher, tokens) if tokens else []
+    finally:
+        matcher.rollback(walked)
+    if len(tokens) < 2:
+        return None, [], 0
+    return tokens[0], tokens[1:], max(0, min(num_forced, len(tokens)) - 1)

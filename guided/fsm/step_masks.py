@@ -13,8 +13,9 @@ from guided.step_times import StepTimes
 def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
                     times: StepTimes, prefetch: MaskPrefetch | None = None) -> None:
     """Rows filled ahead (prefetch) are copied, the rest filled from the matchers (which hold
-    the committed tokens only). Rows of requests that finished since the step was scheduled
-    (overlapped scheduling) allow everything: their tokens are dropped."""
+    the committed tokens only). Rows whose tokens will be dropped allow everything (overlapped
+    scheduling): those of requests that finished since the step was scheduled, of voided
+    entries, and of drafts anchored on a token the previous step did not sample."""
     entries: list = []  # (matcher, drafts, first row) still to fill
     src: list[int] = []
     dst: list[int] = []
@@ -27,8 +28,11 @@ def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_thread
         num_rows = len(drafts) + 1
         ahead = None if prefetch is None else prefetch.take(request.request_id,
                                                              request.matcher, drafts)
-        if request.is_finished or request.matcher.is_terminated():
+        if request.is_finished or item.voided or request.matcher.is_terminated():
             bitmask[row:row + num_rows] = -1
+        elif item.drafts_void:
+            bitmask[row + 1:row + num_rows] = -1
+            entries.append((request.matcher, [], row))
         elif ahead is not None:
             src.extend(range(ahead, ahead + num_rows))
             dst.extend(range(row, row + num_rows))

@@ -92,24 +92,11 @@ def lookup_cooldown(consecutive_misses: int, *, max_cooldown: int = 32) -> int:
     return min(max_cooldown, 1 << min(consecutive_misses - 1, 16))
 
 
-# Overlapped scheduling: a request whose drafts are at least this many forced tokens skips one
-# step to use them. While its last step is in flight the request's next input is unknown, so
-# drafts (proposed from the state before that step) cannot be fed; skipping a step and then
-# verifying the drafts yields (1 + accepted) tokens per two steps, a plain decode one per step.
-MIN_FORCED_DRAFTS_TO_WAIT = 2
-
-
-def overlap_choice(*, num_inflight_samples: int, awaiting_drafts: bool, num_forced_drafts: int,
-                   needs_history: bool, tokens_left: int) -> str:
-    """What to do with a running request while its previous step is still in flight:
-    "run" (as planned: nothing of it is in flight), "run_plain" (decode its in-flight token,
-    dropping its drafts), or "wait" (skip this step)."""
-    if awaiting_drafts:
-        return "wait"  # its accepted tokens, hence its next input, are unknown
-    if not num_inflight_samples:
-        return "run"
-    if tokens_left <= 0 or needs_history:  # must stop there / penalties need the token itself
-        return "wait"
-    if num_forced_drafts >= MIN_FORCED_DRAFTS_TO_WAIT:
-        return "wait"
-    return "run_plain"
+def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
+    """Overlapped scheduling: whether a request whose previous step is still in flight joins
+    this one. It joins on that step's last sample (gathered on the device) and assumes that
+    step's drafts are all accepted: forced text keeps being drafted every step, anchored on the
+    in-flight sample (see Scheduler.settle_in_flight for what a wrong guess costs: one step of
+    that request). It waits when the assumed tokens already reach its limit, or when its
+    penalties need the in-flight tokens themselves."""
+    return tokens_left > 0 and not needs_history

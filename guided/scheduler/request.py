@@ -12,6 +12,7 @@ from guided.params import SamplingParams
 
 if TYPE_CHECKING:
     from guided.fsm.matcher import Matcher
+    from guided.scheduler.scheduler import ScheduledRequest
 
 
 class RequestStatus(enum.Enum):
@@ -35,10 +36,14 @@ class Request:
     # jump-forward: forced tokens proposed for the next step, verified there like draft tokens
     draft_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (committed tokens only)
-    # overlapped scheduling: what launched steps, not yet seen by the host, add
-    num_inflight_tokens: int = 0  # tokens they compute (not yet in num_computed_tokens)
-    num_inflight_samples: int = 0  # tokens they sample as plain decodes (next inputs, unknown)
-    awaiting_drafts: bool = False  # in flight with drafts: how many it keeps is unknown
+    # overlapped scheduling: what the launched step not yet seen by the host adds, counting
+    # its drafts as accepted (if one is rejected, the step after it is voided: see Scheduler)
+    num_inflight_tokens: int = 0  # tokens it computes (not yet in num_computed_tokens)
+    num_inflight_samples: int = 0  # tokens it samples (the next inputs, unknown)
+    inflight: ScheduledRequest | None = None  # that step's entry for this request (sampling)
+    # forced-text drafts proposed while a step is in flight follow its last sample, assumed to
+    # be this token (the forced text's first); None: the drafts follow the committed tokens
+    draft_anchor: int | None = None
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
     ngram: NgramIndex | None = None  # the request's tokens indexed for prompt-lookup drafts
@@ -81,7 +86,7 @@ class Request:
 
     @property
     def in_flight(self) -> bool:
-        return bool(self.num_inflight_tokens or self.num_inflight_samples or self.awaiting_drafts)
+        return bool(self.num_inflight_tokens or self.num_inflight_samples)
 
     @property
     def is_finished(self) -> bool:

@@ -24,7 +24,16 @@ class ScheduledRequest:
     num_draft_tokens: int  # jump-forward drafts fed after them (only when sampling)
     sample: bool  # the chunk reaches the last known token: sample 1 + num_draft_tokens tokens
     draft_token_ids: list[int] = field(default_factory=list)  # the drafts fed, as scheduled
-    placeholder: bool = False  # its one new token is its previous step's in-flight sample
+    num_forced_drafts: int = 0  # leading drafts that are forced text (the rest: lookup)
+    # overlapped scheduling: its one new token is its previous step's last sample, in flight
+    placeholder: bool = False
+    anchor: int | None = None  # the drafts assume that sample is this token
+    drafts_void: bool = False  # it was not: only the first sampled row stands
+    voided: bool = False  # the previous step rejected a draft this entry assumed: all dropped
+
+    @property
+    def num_live_drafts(self) -> int:
+        return 0 if self.drafts_void else self.num_draft_tokens
 
 
 @dataclass(slots=True)
@@ -108,7 +117,7 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:  # preempted for an older one
                 continue
-            if request.in_flight and not self._overlap(request):
+            if request.num_inflight_samples and not self._joins_in_flight(request):
                 continue
             item = self._fit(request, budget, out)
             if item is not None and item.num_new_tokens + item.num_draft_tokens:
@@ -169,22 +178,19 @@ class Scheduler:
         # cached-but-unreferenced hits leave the free queue when shared
         return sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
 
-    def _overlap(self, request: Request) -> bool:
-        """Whether a request with a step in flight joins this one (overlapped scheduling)."""
+    def _joins_in_flight(self, request: Request) -> bool:
+        """Whether a request whose last step is in flight joins this one (overlapped
+        scheduling); if it waits, its drafts (anchored on that step's sample) are dropped."""
         p = request.params
-        choice = policy.overlap_choice(
-            num_inflight_samples=request.num_inflight_samples,
-            awaiting_drafts=request.awaiting_drafts,
-            num_forced_drafts=request.num_forced_drafts if request.draft_token_ids else 0,
+        joins = policy.joins_while_in_flight(
             needs_history=bool(p.presence_penalty or p.frequency_penalty
                                or p.repetition_penalty != 1.0),
             tokens_left=min(request.max_tokens - len(request.output_token_ids),
                             self.max_model_len - request.num_tokens)
             - request.num_inflight_samples)
-        if choice != "run":
-            # drafts proposed before the in-flight token: stale once it is known
-            request.draft_token_ids = []
-        return choice != "wait"
+        if not joins:
+            request.draft_token_ids, request.draft_anchor = [], None
+        return joins
 
     def _fit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
         """Decide this step's tokens for a running request and secure their blocks, preempting
@@ -193,6 +199,11 @@ class Scheduler:
         pending = request.num_tokens + request.num_inflight_samples - computed
         num_new = policy.num_tokens_to_schedule(pending, budget)
         sample = num_new == pending
+        placeholder = request.num_inflight_samples > 0
+        if placeholder != (request.draft_anchor is not None):
+            # drafts fit only the state they were proposed from: after the in-flight sample
+            # (anchored) when one is in flight, after the committed tokens otherwise
+            request.draft_token_ids, request.draft_anchor = [], None
         num_draft = (min(len(request.draft_token_ids), budget - num_new, self._draft_budget)
                      if sample else 0)
         self._draft_budget -= num_draft
@@ -208,14 +219,16 @@ class Scheduler:
             request.block_ids += self.blocks.allocate(extra)
         return ScheduledRequest(request, num_new, num_draft, sample,
                                 draft_token_ids=list(request.draft_token_ids[:num_draft]),
-                                placeholder=request.num_inflight_samples > 0)
+                                num_forced_drafts=min(request.num_forced_drafts, num_draft),
+                                placeholder=placeholder,
+                                anchor=request.draft_anchor if num_draft else None)
 
     def _preempt_newest(self, out: SchedulerOutput) -> Request:
         order = [self.arrival_index[r.request_id] for r in self.running]
         victim = self.running.pop(policy.pick_preemption_victim(order))
         self.free_blocks(victim)
         victim.num_computed_tokens = 0
-        victim.draft_token_ids = []
+        victim.draft_token_ids, victim.draft_anchor = [], None
         victim.status = RequestStatus.PREEMPTED
         victim.metrics.num_preemptions += 1
         self.num_preemptions += 1
@@ -257,33 +270,59 @@ class Scheduler:
         return True
 
     # -- steps in flight (overlapped scheduling) ----------------------------------------------
+    # At most one step of a request is unseen when the next is scheduled. That next step
+    # assumes the unseen one's drafts are all accepted (it starts after them, on their last
+    # sample); settle_in_flight corrects the assumption once the tokens are seen.
     def launched(self, sched: SchedulerOutput) -> None:
         """This step was queued on the device; the host sees its tokens later."""
         for item in sched.scheduled:
             request = item.request
             request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
-            if item.sample and item.num_draft_tokens:
-                request.awaiting_drafts = True
-            elif item.sample:
-                request.num_inflight_samples += 1
+            if item.sample:
+                request.num_inflight_samples += 1 + item.num_draft_tokens
+                request.inflight = item
 
     def landed(self, sched: SchedulerOutput) -> None:
         """This step's tokens reached the host (before the engine's update of them)."""
         for item in sched.scheduled:
-            request = item.request
-            request.num_inflight_tokens -= item.num_new_tokens + item.num_draft_tokens
-            if item.sample and item.num_draft_tokens:
-                request.awaiting_drafts = False
-            elif item.sample:
-                request.num_inflight_samples -= 1
+            if not item.voided:
+                self._uncount(item, item.num_new_tokens + item.num_live_drafts)
+
+    def _uncount(self, item: ScheduledRequest, num_tokens: int) -> None:
+        request = item.request
+        request.num_inflight_tokens -= num_tokens
+        if item.sample:
+            request.num_inflight_samples -= num_tokens - item.num_new_tokens + 1
+            if request.inflight is item:
+                request.inflight = None
+
+    def settle_in_flight(self, request: Request, *, kept_all_drafts: bool) -> None:
+        """The request's tokens of step t were appended; its entry in step t+1 (in flight)
+        assumed them. A rejected draft voids that entry: it ran on a wrong token, so its rows
+        are dropped and the request is scheduled again from its committed tokens (the entry's
+        K/V slots lie past them and are rewritten by later steps, which run after it). If the
+        entry's drafts were anchored on a token that t did not sample, only its first row
+        stands."""
+        item = request.inflight
+        if item is None:
+            return
+        if not kept_all_drafts:
+            self._uncount(item, item.num_new_tokens + item.num_live_drafts)
+            item.voided = True
+            request.inflight = None
+        elif item.anchor is not None and not item.drafts_void \
+                and request.output_token_ids[-1] != item.anchor:
+            request.num_inflight_tokens -= item.num_draft_tokens
+            request.num_inflight_samples -= item.num_draft_tokens
+            item.drafts_void = True
 
     def forget_in_flight(self) -> None:
         """The steps in flight are lost (a failed step): every request goes back to its
         committed tokens."""
         for request in [*self.running, *self.waiting]:
             request.num_inflight_tokens = request.num_inflight_samples = 0
-            request.awaiting_drafts = False
-            request.draft_token_ids = []
+            request.inflight = None
+            request.draft_token_ids, request.draft_anchor = [], None
 
     # -- after the step -----------------------------------------------------------------------
     def commit_computed(self, request: Request, num_computed: int) -> None:

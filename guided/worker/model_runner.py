@@ -198,14 +198,14 @@ class ModelRunner:
             if pending_row is not None:  # its one new token is the in-flight sample
                 placeholder_index.append(len(ids))
                 placeholder_row.append(pending_row)
-            known = req.num_tokens
+            if pending_row is not None:  # gathered on the device at launch; then drafts
+                ids.append(0)
+                ids.extend(item.draft_token_ids[:item.num_draft_tokens])
+            else:
+                known = req.num_tokens
+                ids.extend(req.token_at(pos) if pos < known
+                           else item.draft_token_ids[pos - known] for pos in range(start, start + n))
             for pos in range(start, start + n):
-                if pending_row is not None:
-                    ids.append(0)  # gathered on the device at launch
-                elif pos < known:
-                    ids.append(req.token_at(pos))
-                else:
-                    ids.append(item.draft_token_ids[pos - known])
                 positions.append(pos)
                 slots.append(table[pos // bs] * bs + pos % bs)
             query_start.append(len(ids))
@@ -217,8 +217,8 @@ class ModelRunner:
             for j in range(1 + item.num_draft_tokens):
                 logits_indices.append(len(ids) - 1 - item.num_draft_tokens + j)
                 row_owner.append(b)
-                # which output token this row samples (an in-flight one comes before it)
-                out_index = len(req.output_token_ids) + (pending_row is not None) + j
+                # which output token this row samples (in-flight ones come before it)
+                out_index = len(req.output_token_ids) + req.num_inflight_samples + j
                 rows.temperature.append(p.temperature)
                 rows.seeds.append(position_seed(req.seed, out_index))
                 rows.top_k.append(p.top_k)

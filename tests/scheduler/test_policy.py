@@ -67,14 +67,7 @@ def test_num_decode_steps():
     assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[]) == 1
 
 
-def test_overlap_choice():
-    base = dict(num_inflight_samples=1, awaiting_drafts=False, num_forced_drafts=0,
-                needs_history=False, tokens_left=5)
-    assert policy.overlap_choice(**base) == "run_plain"  # decode the in-flight token
-    assert policy.overlap_choice(**{**base, "num_inflight_samples": 0}) == "run"
-    assert policy.overlap_choice(**{**base, "awaiting_drafts": True}) == "wait"
-    assert policy.overlap_choice(**{**base, "needs_history": True}) == "wait"
-    assert policy.overlap_choice(**{**base, "tokens_left": 0}) == "wait"
-    assert policy.overlap_choice(**{**base, "num_forced_drafts": 1}) == "run_plain"
-    forced = policy.MIN_FORCED_DRAFTS_TO_WAIT
-    assert policy.overlap_choice(**{**base, "num_forced_drafts": forced}) == "wait"
+def test_joins_while_in_flight():
+    assert policy.joins_while_in_flight(needs_history=False, tokens_left=3)
+    assert not policy.joins_while_in_flight(needs_history=True, tokens_left=3)
+    assert not policy.joins_while_in_flight(needs_history=False, tokens_left=0)
