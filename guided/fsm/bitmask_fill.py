@@ -34,14 +34,23 @@ def _get_pool(num_threads: int) -> ThreadPoolExecutor:
         return _pool
 
 
+Bans = dict[int, tuple[object, list[int]]]  # id(TokenBan) -> (ban, rows it applies to)
+
+
 def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
-                  num_threads: int, min_parallel_rows: int = PARALLEL_THRESHOLD) -> None:
-    """bitmask: int32 (N, ceil(vocab_size / 32)) on the CPU; items: (matcher, row) pairs."""
+                  num_threads: int, min_parallel_rows: int = PARALLEL_THRESHOLD,
+                  bans: Bans | None = None) -> None:
+    """bitmask: int32 (N, ceil(vocab_size / 32)) on the CPU; items: (matcher, row) pairs.
+    bans: where to collect the rows of batched matchers' token bans, for the caller to apply
+    once (apply_bans); None: applied here."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.device.type != "cpu":
         raise ValueError("bitmask must be a 2-D int32 CPU tensor")
     # xgrammar rows: one batched C++ call (one thread for a few rows: a hand-off costs more)
+    pending: Bans = {} if bans is None else bans
     items = _fill_xgrammar_batch(items, bitmask,
-                                 num_threads if len(items) >= min_parallel_rows else 1)
+                                 num_threads if len(items) >= min_parallel_rows else 1, pending)
+    if bans is None:
+        apply_bans(bitmask, pending)
     if num_threads <= 1 or len(items) < max(2, min_parallel_rows):
         for matcher, row in items:
             matcher.fill_bitmask(bitmask, row)
@@ -61,9 +70,20 @@ def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
 _batch_matchers: dict[int, object] = {}  # threads -> xgrammar.BatchGrammarMatcher
 
 
+def apply_bans(bitmask: torch.Tensor, bans: Bans) -> None:
+    """One AND per ban (every JSON row shares one), over all rows when it covers them all."""
+    for ban, rows in bans.values():
+        width = ban.keep_words.shape[0]
+        if len(rows) == bitmask.shape[0]:
+            bitmask[:, :width] &= ban.keep_words
+        else:
+            bitmask[torch.tensor(rows), :width] &= ban.keep_words
+
+
 def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor,
-                         num_threads: int) -> list[tuple[Matcher, int]]:
-    """Fill the rows of live xgrammar matchers in one batched call; returns the other items."""
+                         num_threads: int, bans: Bans) -> list[tuple[Matcher, int]]:
+    """Fill the rows of live xgrammar matchers in one batched call (their bans' rows go to
+    bans); returns the other items."""
     from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 
     batch = [(m, row) for m, row in items
@@ -78,12 +98,11 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         batch_matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
     batch_matcher.batch_fill_next_token_bitmask(
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
-    by_ban: dict[int, tuple] = {}  # one AND per token ban (every JSON row shares one)
     for m, row in batch:
         if m.ban is not None:
-            by_ban.setdefault(id(m.ban), (m.ban, []))[1].append(row)
-    for ban, rows in by_ban.values():
-        bitmask[torch.tensor(rows), :ban.keep_words.shape[0]] &= ban.keep_words
+            bans.setdefault(id(m.ban), (m.ban, []))[1].append(row)
+    if len(batch) == len(items):
+        return []
     done = {id(m) for m, _ in batch}
     return [(m, row) for m, row in items if id(m) not in done]
 
@@ -97,11 +116,12 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
     hold committed tokens."""
     level = entries
     accepted: dict = {}  # matcher -> drafts it accepted here
+    bans: Bans = {}
     try:
         depth = 0
         while level:
             fill_bitmasks([(m, first + depth) for m, _, first in level], bitmask,
-                          num_threads=num_threads)
+                          num_threads=num_threads, bans=bans)
             deeper = []
             for matcher, drafts, first in level:
                 if depth < len(drafts):
@@ -115,3 +135,4 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
     finally:
         for matcher, count in accepted.items():
             matcher.rollback(count)
+    apply_bans(bitmask, bans)
