@@ -260,6 +260,12 @@ class Engine:
                     request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
             if request.is_finished:
                 continue
+            if drafts and request.inflight is not None:  # the next step assumed them all
+                if num_matched:
+                    request.anchored_misses = 0
+                else:  # one token for two steps: worse than not drafting
+                    request.anchored_misses += 1
+                    request.anchored_skip = policy.lookup_cooldown(request.anchored_misses)
             self.scheduler.settle_in_flight(request, kept_all_drafts=num_matched == len(drafts))
             if keep_cache:
                 self.scheduler.commit_computed(request, base + num_matched)
@@ -280,7 +286,10 @@ class Engine:
         token_bytes = self.compiler.vocab.token_bytes
         try:
             lookup = self._lookup_index(request)
-            if inflight is not None:
+            if inflight is not None and request.anchored_skip:
+                request.anchored_skip -= 1
+                drafts, num_forced = [], 0
+            elif inflight is not None:
                 assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
                 request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
                     self._encoder, token_bytes, request.matcher, request.output_token_ids,

@@ -50,6 +50,9 @@ class Request:
     num_forced_drafts: int = 0  # leading drafts that are forced text (the rest: lookup)
     lookup_misses: int = 0  # lookup drafts rejected in a row
     lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
+    # overlapped scheduling: a first draft rejected voids the step after it (see Scheduler)
+    anchored_misses: int = 0  # such rejections in a row
+    anchored_skip: int = 0  # proposals left without anchored drafts (cool-down)
     grammar_future: Future | None = None
     matcher: Matcher | None = None
     finish_reason: FinishReason | None = None
