@@ -3,18 +3,23 @@
     event loop (server)                         engine thread
     -------------------                         -------------
     add_request() --- _Add --> commands ----->  engine.add_request()  -- accepted / error -->
-    RequestStream <-- call_soon_threadsafe ---  engine.step() outputs (copied, per request)
+    RequestStreams <-- call_soon_threadsafe --  engine.step() outputs (copied), one batch a step
     stream.abort() -- _Abort --> commands --->  engine.abort_request()
 
 Only the engine thread touches the Engine (it is not thread-safe). The thread blocks on the
 command queue when it has no work, and steps back to back while it has some. Constraints are
 compiled (awaited on the event loop) before a request reaches the engine, so the step loop
 never waits on a compile and a bad constraint fails before a stream starts.
+
+The two threads share the GIL, so every microsecond either spends per output is taken from the
+other. Hence one cross-thread hand-off per step carrying all its outputs (each
+call_soon_threadsafe writes to the loop's self-pipe: a syscall that releases the GIL and wakes
+the loop), snapshots that cost O(new tokens) rather than O(all tokens) (guided.snapshots), and
+streams that keep only the latest output instead of queueing them.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
+from guided.snapshots import History, copy_metrics, copy_output, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +67,9 @@ class RequestStream:
         self.request_id = request_id
         self._owner = owner
         self._loop = loop
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        # Outputs are cumulative: only the newest one not yet taken matters (a slot, not a queue).
+        self._pending: RequestOutput | None = None
+        self._waiter: asyncio.Future | None = None  # the consumer waiting for _pending
         self._done = False  # consumer side: finished output seen, or aborted
         self.last: RequestOutput | None = None
 
@@ -71,9 +79,13 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._done:
             raise StopAsyncIteration
-        out = await self._queue.get()
-        while not out.finished and not self._queue.empty():
-            out = self._queue.get_nowait()
+        while self._pending is None:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        out, self._pending = self._pending, None
         self.last = out
         if out.finished:
             self._done = True
@@ -89,26 +101,29 @@ class RequestStream:
             self._done = True
             self._owner.abort(self.request_id)
 
-    def _push(self, out: RequestOutput) -> None:  # engine thread
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            pass
+    def _deliver(self, out: RequestOutput) -> None:  # event loop
+        pending = self._pending
+        if pending is not None and pending.finished:
+            return  # nothing replaces the last word
+        self._pending = out
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    """A copy that the engine cannot mutate after it was handed to another thread."""
-    return dataclasses.replace(
-        out, token_ids=list(out.token_ids),
-        logprobs=None if out.logprobs is None else list(out.logprobs),
-        metrics=dataclasses.replace(out.metrics))
+def _deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # event loop
+    for stream, out in batch:
+        stream._deliver(out)
 
 
 def _final(request_id: str, last: RequestOutput | None, reason: str, error: str | None = None,
            error_type: str | None = None) -> RequestOutput:
-    base = last or RequestOutput(request_id=request_id, prompt_token_ids=[], token_ids=[], text="")
-    return dataclasses.replace(base, finished=True, finish_reason=reason, error=error,
-                               error_type=error_type, metrics=dataclasses.replace(base.metrics))
+    final = copy_output(last) if last is not None else RequestOutput(
+        request_id=request_id, prompt_token_ids=[], token_ids=[], text="")
+    final.finished, final.finish_reason = True, reason
+    final.error, final.error_type = error, error_type
+    final.metrics = copy_metrics(final.metrics)
+    return final
 
 
 class AsyncEngine:
@@ -120,6 +135,10 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, RequestStream] = {}  # engine thread only
         self._last: dict[str, RequestOutput] = {}  # engine thread only
+        self._histories: dict[str, History] = {}  # engine thread only: what snapshots share
+        # Outputs not yet handed to their event loop, by loop (engine thread only); _flush()
+        # sends each loop its batch with one call_soon_threadsafe.
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
         self._accepting = True
         self._stopped = False  # set by the engine thread as it stops taking commands
         self._stopping: asyncio.Future | None = None  # shutdown()'s join of the thread
@@ -211,6 +230,7 @@ class AsyncEngine:
             self._stopped = True
             self._abort_all("error", error=f"the engine thread died: {type(e).__name__}: {e}",
                             error_type="internal")
+            self._flush()
             self._reject_pending(OverloadedError("the engine thread is not running"))
             return
         self._stopped = True
@@ -226,14 +246,17 @@ class AsyncEngine:
         while True:
             has_work = self.engine.has_unfinished_requests()
             self._drain_commands(block=not has_work and self._stop_deadline is None)
+            self._flush()  # finals of the aborts just handled
             has_work = self.engine.has_unfinished_requests()
             if self._stop_deadline is not None and (
                     not has_work or time.monotonic() >= self._stop_deadline):
                 self._abort_all("abort")
+                self._flush()
                 self._refresh_stats()
                 return
             if has_work:
                 self._step()
+            self._flush()  # finals of aborts handled within _step
             self._refresh_stats()
 
     def _reject_pending(self, error: Exception) -> None:
@@ -248,6 +271,8 @@ class AsyncEngine:
 
     def _drain_commands(self, *, block: bool) -> None:
         timeout = None
+        if block:
+            self._flush()  # nothing may wait in the outbox while the thread sleeps
         while True:
             try:
                 command = self._commands.get(block=block, timeout=timeout)
@@ -257,6 +282,7 @@ class AsyncEngine:
             block = False
 
     def _wait_for_command(self, timeout: float) -> None:
+        self._flush()  # nothing may wait in the outbox while the thread sleeps
         try:
             command = self._commands.get(timeout=timeout)
         except queue.Empty:
@@ -290,11 +316,12 @@ class AsyncEngine:
         stream = self._live.pop(request_id, None)
         if stream is None:
             return
+        self._histories.pop(request_id, None)
         try:
             self.engine.abort_request(request_id)
         except Exception:
             logger.exception("engine.abort_request(%r) failed", request_id)
-        stream._push(_final(request_id, self._last.pop(request_id, None), "abort"))
+        self._post(stream, _final(request_id, self._last.pop(request_id, None), "abort"))
         logger.debug("aborted request %s", request_id)
 
     def _step(self) -> None:
@@ -312,23 +339,30 @@ class AsyncEngine:
             self._wait_for_command(_NO_PROGRESS_WAIT_S)
         for out in outputs:
             self._dispatch(out)
+        self._flush()
 
     def _dispatch(self, out: RequestOutput) -> None:
-        out = _snapshot(out)
+        request_id = out.request_id
+        history = self._histories.get(request_id)
+        if history is None:
+            history = self._histories[request_id] = History()
+        out = snapshot(out, history)
         if out.finished and self.on_finished is not None:
             try:
                 self.on_finished(out)
             except Exception:
                 logger.exception("on_finished hook failed")
-        stream = self._live.get(out.request_id)
+        stream = self._live.get(request_id)
+        if stream is None or out.finished:
+            self._histories.pop(request_id, None)
         if stream is None:
             return  # aborted meanwhile
         if out.finished:
-            del self._live[out.request_id]
-            self._last.pop(out.request_id, None)
+            del self._live[request_id]
+            self._last.pop(request_id, None)
         else:
-            self._last[out.request_id] = out
-        stream._push(out)
+            self._last[request_id] = out
+        self._post(stream, out)
 
     def _abort_all(self, reason: str, *, error: str | None = None,
                    error_type: str | None = None) -> None:
@@ -337,9 +371,27 @@ class AsyncEngine:
                 self.engine.abort_request(request_id)
             except Exception:
                 logger.exception("engine.abort_request(%r) failed", request_id)
-            stream._push(_final(request_id, self._last.pop(request_id, None), reason, error,
-                                error_type))
+            self._post(stream, _final(request_id, self._last.pop(request_id, None), reason,
+                                      error, error_type))
         self._live.clear()
+        self._histories.clear()
+
+    def _post(self, stream: RequestStream, out: RequestOutput) -> None:
+        batch = self._outbox.get(stream._loop)
+        if batch is None:
+            batch = self._outbox[stream._loop] = []
+        batch.append((stream, out))
+
+    def _flush(self) -> None:
+        """Hand the outbox over: one call_soon_threadsafe per event loop (one in a server)."""
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        for loop, batch in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, batch)
+            except RuntimeError:  # the loop is closed: nobody listens any more
+                pass
 
     def _refresh_stats(self) -> None:
         try:

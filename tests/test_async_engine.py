@@ -5,6 +5,7 @@ engine with the default model."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -151,6 +152,95 @@ def test_shutdown_drains_then_refuses():
 
     asyncio.run(main())
     assert not engine.is_running
+
+
+def test_outputs_are_snapshots_that_the_engine_cannot_change(fake):
+    # the fake hands out its live token list; every output must keep the length it had
+    outs = asyncio.run(collect(fake, "snap", "ECHO:abcdefghij", max_tokens=100))
+    lens = [len(o.token_ids) for o in outs]
+    assert lens == sorted(set(lens)) and lens[-1] == 10
+    assert all(o.text == "abcdefghij"[:len(o.token_ids)] for o in outs)
+
+
+def test_snapshot_copies_every_field():
+    from guided.outputs import RequestMetrics, RequestOutput, TokenLogprob
+    from guided.snapshots import History, snapshot
+
+    out = RequestOutput("r", [1, 2], [3, 4], "ab", finished=True, finish_reason="stop",
+                        stop_reason="x", error="e", error_type="internal",
+                        logprobs=[TokenLogprob(3, -0.1)],
+                        metrics=RequestMetrics(arrival_time=1.0, forward_passes=2))
+    snap = snapshot(out, History())
+    assert dataclasses.asdict(snap) == dataclasses.asdict(out)
+    assert snap == out and out == snap and repr(snap) == repr(out)
+    out.token_ids.append(5)
+    out.logprobs.append(TokenLogprob(5, -0.2))
+    out.metrics.forward_passes = 3
+    assert snap.token_ids == [3, 4] and len(snap.logprobs) == 1
+    assert snap.metrics.forward_passes == 2
+    assert isinstance(snap.token_ids, list) and snap != out
+
+
+def test_snapshots_share_a_history_that_only_grows():
+    from guided.outputs import RequestOutput
+    from guided.snapshots import History, snapshot
+
+    history, live = History(), []
+    snaps = []
+    for token in range(6):  # an engine that hands out its live list (as the fake does)
+        live.append(token)
+        snaps.append(snapshot(RequestOutput("r", [9], live, "x"), history))
+    assert [s.token_ids for s in snaps] == [list(range(n)) for n in range(1, 7)]
+    assert snaps[0].logprobs is None
+    live[:] = [7, 7, 7]  # not an extension (never from Engine): a fresh history list
+    rewritten = snapshot(RequestOutput("r", [9], live, "x"), history)
+    live.append(8)
+    assert rewritten.token_ids == [7, 7, 7] and snaps[-1].token_ids == list(range(6))
+    assert dataclasses.replace(rewritten, text="y").token_ids == [7, 7, 7]
+
+
+def test_one_hand_off_per_step_carries_all_its_outputs(fake, monkeypatch):
+    from guided import async_engine
+
+    batches = []
+    deliver_all = async_engine._deliver_all
+    monkeypatch.setattr(async_engine, "_deliver_all",
+                        lambda batch: (batches.append(len(batch)), deliver_all(batch)))
+
+    async def main():
+        return await asyncio.gather(*(collect(fake, f"b{i}", "ECHO:abcdef") for i in range(16)))
+
+    results = asyncio.run(main())
+    assert [r[-1].text for r in results] == ["abcdef"] * 16
+    assert sum(batches) == 16 * 6 and max(batches) > 1 and len(batches) < 16 * 6
+
+
+def test_stream_keeps_only_the_latest_output_and_the_finished_one_last():
+    from guided.async_engine import RequestStream
+    from guided.outputs import RequestOutput
+
+    def output(n, finished=False):
+        return RequestOutput("s", [1], list(range(n)), "x" * n, finished=finished)
+
+    async def main():
+        aborted = []
+        owner = type("Owner", (), {"abort": lambda self, rid: aborted.append(rid)})()
+        stream = RequestStream("s", owner, asyncio.get_running_loop())
+        stream._deliver(output(1))
+        stream._deliver(output(2))
+        first = await stream.__anext__()
+        waiting = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        stream._deliver(output(3, finished=True))
+        stream._deliver(output(4))  # nothing replaces a finished output
+        rest = [await waiting] + [o async for o in stream]
+        stream.abort()  # finished: a no-op
+        return first, rest, aborted
+
+    first, rest, aborted = asyncio.run(main())
+    assert len(first.token_ids) == 2
+    assert [len(o.token_ids) for o in rest] == [3] and rest[0].finished
+    assert aborted == []
 
 
 # ---- the real engine ----------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, TypeVar
@@ -16,6 +15,7 @@ from guided.async_engine import RequestStream
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
+from guided.server.sse import ChunkFrame, sse
 from guided.server.tool_output import ToolCallStreamer
 
 if TYPE_CHECKING:
@@ -28,15 +28,26 @@ class ClientGone(Exception):
     """The client closed the connection before the response started."""
 
 
-def sse(payload: P._Response | dict) -> str:
-    data = payload if isinstance(payload, dict) else payload.model_dump(exclude_none=True)
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 async def merged(job: Job, streams: list[RequestStream]
                  ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(choice index, cumulative output) as they come, over all choices; aborts every request
     when it ends or is closed."""
+    try:
+        if len(streams) == 1 and len(job.params) == 1:
+            # One choice (nearly every stream): read it directly; a pump task and a queue in
+            # between cost the event loop two more task switches per token.
+            async for out in streams[0]:
+                yield 0, out
+            return
+        async with contextlib.aclosing(_merged_choices(job, streams)) as choices:
+            async for item in choices:  # closed with this one: its pumps stop at once
+                yield item
+    finally:
+        abort_all(streams)
+
+
+async def _merged_choices(job: Job, streams: list[RequestStream]
+                          ) -> AsyncIterator[tuple[int, RequestOutput]]:
     queue: asyncio.Queue = asyncio.Queue()
     live = [i for i, p in enumerate(job.params) if p.max_tokens != 0]
     for i, p in enumerate(job.params):
@@ -58,61 +69,59 @@ async def merged(job: Job, streams: list[RequestStream]
     finally:
         for t in tasks:
             t.cancel()
-        abort_all(streams)
 
 
 async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                       include_usage: bool) -> AsyncIterator[str]:
     n = len(job.params)
+    frame = ChunkFrame(job.request_id, job.model, "chat.completion.chunk")
     sent_text, sent_tokens = [0] * n, [0] * n
     streamers = [ToolCallStreamer(job.plan) if job.plan else None for _ in range(n)]
     finals: dict[int, RequestOutput] = {}
 
-    def chunk(i: int, delta: P.ChatDelta, logprobs=None, finish=None) -> str:
-        return sse(P.ChatCompletionChunk(id=job.request_id, model=job.model, choices=[
-            P.ChatChunkChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=finish)]))
-
     for i in range(n):  # the body runs in merged(), which aborts the requests at its end
-        yield chunk(i, P.ChatDelta(role="assistant", content=""))
+        yield frame.chat_role(i)
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
             yield sse(error_payload(out))
             return
-        text, delta = visible(out), P.ChatDelta()
+        text, tool_deltas = visible(out), None
         if streamers[i] is not None:
             content, tool_deltas = streamers[i].deltas(text)
-            delta.content = content or None
-            delta.tool_calls = [P.ToolCallDelta.model_validate(d) for d in tool_deltas] or None
         else:
-            delta.content = text[sent_text[i]:] or None
+            content = text[sent_text[i]:]
             sent_text[i] = len(text)
-        new_entries = (out.logprobs or [])[sent_tokens[i]:]
         logprobs = None
-        if job.params[i].logprobs is not None and new_entries:
-            logprobs = P.chat_logprobs(new_entries, server.texts, job.num_top)
-            sent_tokens[i] += len(new_entries)
-        calls = bool(streamers[i] and streamers[i].calls)
-        finish = finish_reason(out, calls)
-        if delta.content or delta.tool_calls or logprobs or finish:
-            yield chunk(i, delta, logprobs, finish)
+        if job.params[i].logprobs is not None:
+            new_entries = (out.logprobs or [])[sent_tokens[i]:]
+            if new_entries:
+                logprobs = P.chat_logprobs(new_entries, server.texts, job.num_top)
+                sent_tokens[i] += len(new_entries)
+        finish = finish_reason(out, bool(streamers[i] and streamers[i].calls))
+        if tool_deltas or logprobs:
+            delta = P.ChatDelta(content=content or None, tool_calls=[
+                P.ToolCallDelta.model_validate(d) for d in tool_deltas or ()] or None)
+            yield frame.chat([P.ChatChunkChoice(index=i, delta=delta, logprobs=logprobs,
+                                                finish_reason=finish)])
+        elif content or finish:
+            yield frame.chat_text(i, content, finish)
         if out.finished:
             finals[i] = out
     if include_usage:
-        yield sse(P.ChatCompletionChunk(id=job.request_id, model=job.model, choices=[],
-                                        usage=server.usage(job, list(finals.values()))))
+        yield frame.chat([], usage=server.usage(job, list(finals.values())))
     yield "data: [DONE]\n\n"
 
 
 async def completion_stream(server: Server, job: Job, streams: list[RequestStream], echo: bool,
                             include_usage: bool) -> AsyncIterator[str]:
     n = len(job.params)
+    frame = ChunkFrame(job.request_id, job.model, "text_completion")
     sent_text, sent_tokens = [0] * n, [0] * n
     offsets = [len(job.echo[job.prompt_of[i]]) if echo else 0 for i in range(n)]
     finals: dict[int, RequestOutput] = {}
     if echo:
         for i in range(n):
-            yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[
-                P.CompletionChoice(index=i, text=job.echo[job.prompt_of[i]])]))
+            yield frame.completion_text(i, job.echo[job.prompt_of[i]])
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
             yield sse(error_payload(out))
@@ -120,21 +129,23 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         text = visible(out)
         new_text = text[sent_text[i]:]
         sent_text[i] = len(text)
-        new_entries = (out.logprobs or [])[sent_tokens[i]:]
         logprobs = None
-        if job.params[i].logprobs is not None and new_entries:
-            logprobs = P.completion_logprobs(new_entries, server.texts, job.num_top,
-                                             offsets[i] + len(text) - len(new_text))
-            sent_tokens[i] += len(new_entries)
-        if new_text or logprobs or out.finished:
-            yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[
-                P.CompletionChoice(index=i, text=new_text, logprobs=logprobs,
-                                   finish_reason=out.finish_reason if out.finished else None)]))
+        if job.params[i].logprobs is not None:
+            new_entries = (out.logprobs or [])[sent_tokens[i]:]
+            if new_entries:
+                logprobs = P.completion_logprobs(new_entries, server.texts, job.num_top,
+                                                 offsets[i] + len(text) - len(new_text))
+                sent_tokens[i] += len(new_entries)
+        finish = out.finish_reason if out.finished else None
+        if logprobs:
+            yield frame.completion([P.CompletionChoice(index=i, text=new_text, logprobs=logprobs,
+                                                       finish_reason=finish)])
+        elif new_text or out.finished:
+            yield frame.completion_text(i, new_text, finish)
         if out.finished:
             finals[i] = out
     if include_usage:
-        yield sse(P.CompletionResponse(id=job.request_id, model=job.model, choices=[],
-                                       usage=server.usage(job, list(finals.values()))))
+        yield frame.completion([], usage=server.usage(job, list(finals.values())))
     yield "data: [DONE]\n\n"
 
 

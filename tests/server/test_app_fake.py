@@ -110,3 +110,38 @@ def test_unknown_route_and_model(http):
     assert http.get("/nope").json()["error"]["code"] == 404
     r = http.post("/v1/chat/completions", json={**ask("x"), "model": "other"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_streamed_choices_and_one_created_per_stream(http):
+    r = http.post("/v1/chat/completions", json=ask("abc", stream=True, n=3))
+    chunks = sse(r)
+    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+    for i in range(3):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == "abc"
+        assert [c.get("finish_reason") for c in mine][-1] == "stop"
+
+
+def test_streamed_chat_logprobs(http):
+    chunks = sse(http.post("/v1/chat/completions", json=ask("ab", stream=True, logprobs=True,
+                                                            top_logprobs=1)))
+    entries = [e for c in chunks for e in (c["choices"][0].get("logprobs") or {}).get(
+        "content", [])]
+    assert [e["token"] for e in entries] == ["a", "b"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "ab"
+
+
+def test_streamed_completion_echo_logprobs_and_usage(http):
+    r = http.post("/v1/completions", json={
+        "model": "default", "prompt": "ECHO:ab", "stream": True, "echo": True, "logprobs": 1,
+        "stream_options": {"include_usage": True}})
+    chunks = sse(r)
+    assert all(c["object"] == "text_completion" for c in chunks)
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == "ECHO:abab"
+    offsets = [o for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
+               for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == [7, 8]
+    assert [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
