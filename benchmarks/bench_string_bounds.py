@@ -1,9 +1,9 @@
 """Masks inside length-bounded JSON strings: our compile (a counted plain-character pattern up
 to 64 characters, xgrammar's keywords beyond, control-byte tokens removed) against xgrammar's
-own minLength / maxLength rule. A random walk inside the string (a random allowed token each
+own minLength / maxLength rule, and the compile times. A random walk inside the string (a random allowed token each
 step, as a random-weight model writes) times each fill. Prints one markdown table.
 
-    python benchmarks/bench_string_bounds.py [--bounds 16,25,64,256] [--walks 4]
+    python benchmarks/bench_string_bounds.py [--bounds 16,64,128,256,512,1024] [--walks 4]
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def walk(make_matcher, vocab_size: int, words: int, walks: int, steps: int, cont
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bounds", default="16,25,64,256")
+    parser.add_argument("--bounds", default="16,64,128,256,512,1024")
     parser.add_argument("--walks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
@@ -67,20 +67,23 @@ def main() -> None:
     raw = xgr.GrammarCompiler(xgr.TokenizerInfo(token_bytes, xgr.VocabType.RAW,
                                                 vocab_size=vocab.vocab_size,
                                                 stop_token_ids=list(vocab.eos_token_ids)))
-    print("| maxLength | ours: ms per mask, median / mean | control tokens allowed | xgrammar "
-          "keywords: ms per mask, median / mean | control tokens allowed |")
-    print("|---|---|---|---|---|")
+    print("| maxLength | ours: ms per mask, median / mean | control tokens allowed | compile s "
+          "| xgrammar keywords: ms per mask, median / mean | control tokens allowed | compile s |")
+    print("|---|---|---|---|---|---|---|")
     for bound in [int(b) for b in args.bounds.split(",")]:
         schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": bound}},
                   "required": ["a"]}
+        t0 = time.perf_counter()
         ours = compiler.submit(ConstraintSpec("json_schema", json.dumps(schema))).result(120)
+        t1 = time.perf_counter()
         theirs = raw.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        t2 = time.perf_counter()
         ours_ms, ours_bad = walk(ours.matcher, len(token_bytes), words, args.walks, args.steps,
                                  control)
         theirs_ms, theirs_bad = walk(lambda: XGrammarMatcher(theirs, vocab), len(token_bytes),
                                      words, args.walks, args.steps, control)
-        print(f"| {bound} | {ours_ms} | {ours_bad} | {theirs_ms} | {theirs_bad} |",
-              flush=True)
+        print(f"| {bound} | {ours_ms} | {ours_bad} | {t1 - t0:.2f} | {theirs_ms} | {theirs_bad} "
+              f"| {t2 - t1:.2f} |", flush=True)
     compiler.shutdown()
 
 

@@ -158,3 +158,36 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
                   min_parallel_rows=2)
     bits = ((rows.unsqueeze(2) >> torch.arange(32)) & 1).flatten(1)[:, :len(token_bytes)]
     assert bits.sum() > 0 and not bits[:, control].any()
+
+
+@pytest.mark.parametrize("low,high", [(0, 10), (3, 64), (0, 65), (60, 130), (128, 128),
+                                      (1, 300), (70, None)])
+def test_length_bounds_accept_exactly_the_allowed_lengths(compiler, low, high):
+    """minLength / maxLength compile to a counted pattern (in blocks past 64 characters):
+    a string closes exactly when its length is in bounds, a multi-byte character counting one,
+    as jsonschema counts them."""
+    import json
+    import random
+
+    import jsonschema
+
+    node = {"type": "string", "minLength": low}
+    if high is not None:
+        node["maxLength"] = high
+    schema = {"type": "object", "properties": {"s": node}, "required": ["s"],
+              "additionalProperties": False}
+    grammar = compiler.submit(ConstraintSpec("json_schema", json.dumps(schema))).result(120)
+    rng = random.Random(low)
+    top = (high or low + 70) + 2
+    for n in sorted({0, 1, low - 1, low, low + 1, top - 3, top - 2, top - 1,
+                     rng.randrange(top)} - {-1}):
+        chars = [rng.choice(["a", "é", "日", "😀", " "]) for _ in range(n)]
+        body = '{"s": "' + "".join(chars)
+        matcher = grammar.matcher()
+        fits = high is None or n <= high
+        assert matcher.accept_bytes(body.encode()) == fits, n
+        if fits:
+            closes = matcher.accept_bytes(b'"}')
+            assert closes == (n >= low), n
+            if closes:
+                jsonschema.validate(json.loads(body + '"}'), schema)
