@@ -286,7 +286,7 @@ class Engine:
         token_bytes = self.compiler.vocab.token_bytes
         try:
             lookup = self._lookup_index(request)
-            if inflight is not None and request.anchored_skip:
+            if self.overlap and request.anchored_skip:  # the next step would assume them
                 request.anchored_skip -= 1
                 drafts, num_forced = [], 0
             elif inflight is not None:

@@ -52,7 +52,7 @@ class Request:
     lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
     # overlapped scheduling: a first draft rejected voids the step after it (see Scheduler)
     anchored_misses: int = 0  # such rejections in a row
-    anchored_skip: int = 0  # proposals left without anchored drafts (cool-down)
+    anchored_skip: int = 0  # proposals left without drafts (cool-down)
     grammar_future: Future | None = None
     matcher: Matcher | None = None
     finish_reason: FinishReason | None = None
