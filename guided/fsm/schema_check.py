@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -56,6 +57,10 @@ IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependentRequired", "depend
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
 APPLICATORS_DONE = frozenset({"allOf", "anyOf", "oneOf", "$ref"})
+
+
+# References the walk rewrites in place: the root, and $defs / definitions (nested) from it.
+_REWRITTEN_REF = re.compile(r"#(/(\$defs|definitions)/[^/]+)*$")
 
 
 def check_schema(schema: Any) -> Any:
@@ -114,6 +119,12 @@ class _Rewriter(SchemaCombiner):
         if "$ref" in node and validation_keys(node, exclude=("$ref",)):
             target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
             return self.rewrite(self.merge([target, node], pointer, "$ref"), pointer)
+        if "$ref" in node and not _REWRITTEN_REF.match(node["$ref"]):
+            # the target lies outside the walk (e.g. a custom "resourceDefinitions" container):
+            # left as is, xgrammar would enforce it unrewritten (and ignore a required name
+            # missing from its properties); inline its rewritten copy instead
+            target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
+            return self.rewrite(target, pointer)
         if "allOf" in node:
             branches = node.pop("allOf")
             return self.rewrite(self.merge([node, *branches], pointer, "allOf"), pointer)

@@ -191,3 +191,21 @@ def test_length_bounds_accept_exactly_the_allowed_lengths(compiler, low, high):
             assert closes == (n >= low), n
             if closes:
                 jsonschema.validate(json.loads(body + '"}'), schema)
+
+
+def test_a_required_name_behind_a_custom_ref_is_enforced(compiler):
+    """JSONSchemaBench (Azure): a $ref into "resourceDefinitions", whose target requires a
+    property it does not declare; an answer without it was accepted and failed validation."""
+    import json
+
+    schema = {"resourceDefinitions": {"gw": {"type": "object",
+                                             "properties": {"name": {"type": "string"}},
+                                             "required": ["location", "name"]}},
+              "type": "object", "properties": {"gw": {"$ref": "#/resourceDefinitions/gw"}},
+              "required": ["gw"]}
+    grammar = compiler.submit(ConstraintSpec("json_schema", json.dumps(schema))).result(60)
+    matcher = grammar.matcher()
+    assert matcher.accept_bytes(b'{"gw": {"name": "a"')
+    assert not matcher.accept_bytes(b"}")  # "location" is still missing
+    matcher = grammar.matcher()
+    assert matcher.accept_bytes(b'{"gw": {"name": "a", "location": 1}}')

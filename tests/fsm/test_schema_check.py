@@ -125,3 +125,19 @@ def test_unsatisfiable_optional_property_is_dropped_required_is_refused():
     assert out["properties"] == {"b": {"type": "string"}}
     with pytest.raises(ConstraintError, match="/properties/a"):
         check_schema({"type": "object", "properties": {"a": never}, "required": ["a"]})
+
+
+def test_refs_outside_the_definitions_are_inlined_and_rewritten():
+    """A $ref into a custom container (JSONSchemaBench's Azure schemas keep definitions under
+    "resourceDefinitions") must be enforced like any subschema: its required name that is not
+    among its properties was dropped by xgrammar, and the output then failed validation."""
+    schema = {"resourceDefinitions": {"gw": {"type": "object",
+                                             "properties": {"name": {"type": "string"}},
+                                             "required": ["location", "name"]}},
+              "type": "object", "properties": {"gw": {"$ref": "#/resourceDefinitions/gw"}},
+              "required": ["gw"]}
+    out = check_schema(schema)
+    gw = out["properties"]["gw"]
+    assert "$ref" not in gw and set(gw["properties"]) == {"name", "location"}
+    assert check_schema({"$defs": {"a": {"type": "string"}}, "properties": {
+        "x": {"$ref": "#/$defs/a"}}})["properties"]["x"] == {"$ref": "#/$defs/a"}  # kept
