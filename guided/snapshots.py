@@ -64,35 +64,29 @@ _LOGPROBS = RequestOutput.__dict__["logprobs"]
 _UNREAD = object()  # in a slot of a _Snapshot: slice the history on first read
 
 
+def _sliced_on_read(slot, field: str, count: str) -> property:
+    """A field whose value is history.<field>[:self.<count>] until first read (then a list)."""
+    def get(self):
+        value = slot.__get__(self)
+        if value is _UNREAD:
+            value = getattr(self._history, field)[:getattr(self, count)]
+            slot.__set__(self, value)
+        return value
+
+    def put(self, value) -> None:
+        slot.__set__(self, value)
+
+    return property(get, put)
+
+
 class _Snapshot(RequestOutput):
     """A RequestOutput whose token_ids / logprobs are the first entries of a History, made
     lists when first read; otherwise a RequestOutput in every respect (fields, ==, repr)."""
 
     __slots__ = ("_history", "_num_logprobs", "_num_tokens")
 
-    @property
-    def token_ids(self) -> list[int]:
-        value = _TOKENS.__get__(self)
-        if value is _UNREAD:
-            value = self._history.token_ids[:self._num_tokens]
-            _TOKENS.__set__(self, value)
-        return value
-
-    @token_ids.setter
-    def token_ids(self, value: list[int]) -> None:
-        _TOKENS.__set__(self, value)
-
-    @property
-    def logprobs(self) -> list | None:
-        value = _LOGPROBS.__get__(self)
-        if value is _UNREAD:
-            value = self._history.logprobs[:self._num_logprobs]
-            _LOGPROBS.__set__(self, value)
-        return value
-
-    @logprobs.setter
-    def logprobs(self, value: list | None) -> None:
-        _LOGPROBS.__set__(self, value)
+    token_ids = _sliced_on_read(_TOKENS, "token_ids", "_num_tokens")
+    logprobs = _sliced_on_read(_LOGPROBS, "logprobs", "_num_logprobs")
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, RequestOutput):

@@ -43,7 +43,7 @@ _BAD_REGEX = re.compile(r"\(\?[=!<]|\\[DWSbBpPk1-9]|\[\^[^\]]*\\[dws]")
 # raw control characters: the JSON token ban (json_ban) removes those); this class counted up
 # to MAX_PATTERN_LENGTH costs 0.03-0.09 ms (benchmarks/bench_string_bounds.py), beyond it the
 # pattern grows slow, so larger bounds keep xgrammar's keywords (counting in exact blocks of
-# 64 was tried: masks 1.3-2x cheaper at 256-512, compiles 4-15x slower, a bad trade for cold
+# 64 was tried: cheaper masks, but compiles several times slower, a bad trade for cold
 # requests). Strings so bounded are written without escapes (xgrammar admits no backslash in
 # a pattern-constrained string).
 _PLAIN_CHAR = r'[^"\\\x00-\x1f]'
