@@ -10,16 +10,14 @@ import time
 
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
+from guided.drafts import DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.jump_forward import (CachedEncoder, propose_anchored_drafts,
-                                     propose_draft_tokens)
+from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.step_masks import fill_step_masks
-from guided.ngram import NgramIndex
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
-from guided.scheduler import policy
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -58,6 +56,7 @@ class Engine:
         self._encoder = CachedEncoder(self.tokenizer)  # retokenizes forced text
         self._decode = fast_decode(self.tokenizer)  # incremental detokenization
         self._compiler = None
+        self._drafts: DraftProposer | None = None
         self.requests: dict[str, Request] = {}
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
         self._rng = random.Random(config.seed)
@@ -86,6 +85,16 @@ class Engine:
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
         return self._compiler
+
+    @property
+    def drafts(self) -> DraftProposer:
+        """Jump-forward proposals (built with the compiler: constrained requests only)."""
+        if self._drafts is None:
+            self._drafts = DraftProposer(
+                self.config, self._encoder, self.compiler.vocab.token_bytes,
+                max_model_len=self.max_model_len, max_draft_tokens=self.runner.max_draft_tokens,
+                special_ids=self._special_ids, overlap=self.overlap)
+        return self._drafts
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = {self.tokenizer.eos_token_id}
@@ -234,9 +243,7 @@ class Engine:
             drafts = item.draft_token_ids
             if item.drafts_void:  # anchored on a token the previous step did not sample
                 self.step_times.count("anchor_misses")
-                if item.num_draft_tokens > item.num_forced_drafts:  # a lookup guess missed
-                    request.lookup_misses += 1
-                    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
+                note_anchor_missed(request, item)
                 drafts, tokens = [], tokens[:1]
             elif item.anchor is not None:
                 self.step_times.count("anchor_hits")
@@ -252,70 +259,16 @@ class Engine:
                     break
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
-            if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
-                if num_matched > item.num_forced_drafts:
-                    request.lookup_misses = 0
-                elif num_matched == item.num_forced_drafts:  # the first guess was wrong
-                    request.lookup_misses += 1
-                    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
+            note_verified(request, item, drafts, num_matched)
             if request.is_finished:
                 continue
-            if drafts and request.inflight is not None:  # the next step assumed them all
-                if num_matched:
-                    request.anchored_misses = 0
-                else:  # one token for two steps: worse than not drafting
-                    request.anchored_misses += 1
-                    request.anchored_skip = policy.lookup_cooldown(request.anchored_misses)
             self.scheduler.settle_in_flight(request, kept_all_drafts=num_matched == len(drafts))
             if keep_cache:
                 self.scheduler.commit_computed(request, base + num_matched)
                 self.scheduler.trim_blocks(request)
             if self.config.jump_forward and request.matcher is not None:
                 with self.step_times.phase("jump_forward"):
-                    self._propose_jump(request)
-
-    def _propose_jump(self, request: Request) -> None:
-        inflight = request.inflight  # overlapped scheduling: its next step is on the device
-        room = min(request.max_tokens - len(request.output_token_ids),
-                   self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
-        room = min(room, self.config.max_jump_forward_tokens,
-                   self.runner.max_draft_tokens or self.config.max_jump_forward_tokens)
-        request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
-        if room <= 0:
-            return
-        token_bytes = self.compiler.vocab.token_bytes
-        try:
-            lookup = self._lookup_index(request)
-            if self.overlap and request.anchored_skip:  # the next step would assume them
-                request.anchored_skip -= 1
-                drafts, num_forced = [], 0
-            elif inflight is not None:
-                assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
-                request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
-                    self._encoder, token_bytes, request.matcher, request.output_token_ids,
-                    assumed, max_tokens=room, lookup=lookup,
-                    lookup_tokens=self.config.lookup_draft_tokens)
-            else:
-                drafts, num_forced = propose_draft_tokens(
-                    self._encoder, token_bytes, request.matcher, request.output_token_ids,
-                    max_tokens=room, lookup=lookup, lookup_tokens=self.config.lookup_draft_tokens)
-        except Exception:
-            log.exception("jump-forward proposal failed for %s", request.request_id)
-            request.draft_anchor, drafts, num_forced = None, [], 0
-        request.draft_token_ids = drafts
-        request.num_forced_drafts = num_forced
-
-    def _lookup_index(self, request: Request) -> NgramIndex | None:
-        """The request's prompt-lookup index, or None while it cools down after misses."""
-        if request.lookup_skip:
-            request.lookup_skip -= 1
-            return None
-        if not self.config.lookup_draft_tokens:
-            return None
-        if request.ngram is None:
-            request.ngram = NgramIndex(self._special_ids)
-        request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
-        return request.ngram
+                    self.drafts.propose(request)
 
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
-from guided.fsm.jump_forward import (complete_utf8_prefix, propose_anchored_drafts,
-                                     propose_draft_tokens, retokenize)
+from guided.fsm.jump_forward import (
+    complete_utf8_prefix,
+    propose_anchored_drafts,
+    propose_draft_tokens,
+    retokenize,
+)
 from guided.ngram import NgramIndex
 from guided.params import ConstraintSpec
 

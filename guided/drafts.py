@@ -1,0 +1,99 @@
+"""A constrained request's next drafts and what its last ones taught: forced text (then prompt
+lookup) from jump_forward.py, anchored on the in-flight sample under overlapped scheduling, and
+the cool-downs that stop proposing guesses that keep missing."""
+from __future__ import annotations
+
+import logging
+
+from guided.config import EngineConfig
+from guided.fsm.jump_forward import CachedEncoder, propose_anchored_drafts, propose_draft_tokens
+from guided.ngram import NgramIndex
+from guided.scheduler import policy
+from guided.scheduler.request import Request
+from guided.scheduler.scheduler import ScheduledRequest
+
+log = logging.getLogger(__name__)
+
+
+class DraftProposer:
+    def __init__(self, config: EngineConfig, encoder: CachedEncoder, token_bytes: list[bytes],
+                 *, max_model_len: int, max_draft_tokens: int | None,
+                 special_ids: frozenset[int], overlap: bool):
+        self.config = config
+        self.encoder = encoder
+        self.token_bytes = token_bytes
+        self.max_model_len = max_model_len
+        self.max_draft_tokens = max_draft_tokens or config.max_jump_forward_tokens
+        self.special_ids = special_ids
+        self.overlap = overlap  # the next step assumes the drafts in flight accepted
+
+    def propose(self, request: Request) -> None:
+        """Set the request's draft_token_ids / draft_anchor / num_forced_drafts for its next
+        step, from its matcher's state (and, while a step of it is in flight, after it)."""
+        inflight = request.inflight
+        room = min(request.max_tokens - len(request.output_token_ids),
+                   self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
+        room = min(room, self.config.max_jump_forward_tokens, self.max_draft_tokens)
+        request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
+        if room <= 0:
+            return
+        lookup_tokens = self.config.lookup_draft_tokens
+        try:
+            lookup = self._lookup_index(request)
+            if self.overlap and request.anchored_skip:
+                request.anchored_skip -= 1
+                drafts, num_forced = [], 0
+            elif inflight is not None:
+                assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
+                request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
+                    self.encoder, self.token_bytes, request.matcher, request.output_token_ids,
+                    assumed, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+            else:
+                drafts, num_forced = propose_draft_tokens(
+                    self.encoder, self.token_bytes, request.matcher, request.output_token_ids,
+                    max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+        except Exception:
+            log.exception("jump-forward proposal failed for %s", request.request_id)
+            request.draft_anchor, drafts, num_forced = None, [], 0
+        request.draft_token_ids = drafts
+        request.num_forced_drafts = num_forced
+
+    def _lookup_index(self, request: Request) -> NgramIndex | None:
+        """The request's prompt-lookup index, or None while it cools down after misses."""
+        if request.lookup_skip:
+            request.lookup_skip -= 1
+            return None
+        if not self.config.lookup_draft_tokens:
+            return None
+        if request.ngram is None:
+            request.ngram = NgramIndex(self.special_ids)
+        request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+        return request.ngram
+
+
+def note_anchor_missed(request: Request, item: ScheduledRequest) -> None:
+    """The entry's drafts were anchored on a token its previous step did not sample."""
+    if item.num_draft_tokens > item.num_forced_drafts:  # the anchor was a lookup guess
+        _lookup_missed(request)
+
+
+def note_verified(request: Request, item: ScheduledRequest, drafts: list[int],
+                  num_matched: int) -> None:
+    """After the entry's drafts were verified (num_matched kept)."""
+    if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
+        if num_matched > item.num_forced_drafts:
+            request.lookup_misses = 0
+        elif num_matched == item.num_forced_drafts:  # the first guess was wrong
+            _lookup_missed(request)
+    if drafts and request.inflight is not None and not request.is_finished:
+        # the next step assumed them all: a first draft missed costs it (one token, two steps)
+        if num_matched:
+            request.anchored_misses = 0
+        else:
+            request.anchored_misses += 1
+            request.anchored_skip = policy.lookup_cooldown(request.anchored_misses)
+
+
+def _lookup_missed(request: Request) -> None:
+    request.lookup_misses += 1
+    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
