@@ -58,7 +58,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     acc_dtype = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     qg = q.to(acc_dtype).view(batch, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     kf = k.to(acc_dtype).permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, Lk, D]
-    vf = v.to(acc_dtype).permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, Lk, D]
+    # a key no query may see can hold anything (an unwritten slot, a padding block): zero its
+    # value, or a NaN there would survive the zero softmax weight (0 * NaN = NaN)
+    seen = allowed.any(dim=1)[:, :, None, None]  # [B, Lk, 1, 1]
+    vf = v.to(acc_dtype).masked_fill(~seen, 0).permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, Lk, D]
     scores = (qg @ kf.transpose(-1, -2)) * scale  # [B, Hkv, G, Lq, Lk]
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     out = torch.softmax(scores, dim=-1) @ vf  # [B, Hkv, G, Lq, D]

@@ -112,9 +112,10 @@ class ModelRunner:
         cfg = model_config
         # (L, 2, num_blocks + 1, block_size, Hkv, D): one allocation, per-layer (k, v) views;
         # the extra block is scratch space for the padding rows of CUDA graphs
-        self.kv_cache = torch.empty(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
-                                    cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype,
-                                    device=self.device)
+        # zeroed on the CPU: the torch reference gathers whole blocks, unwritten slots included
+        alloc = torch.zeros if self.device.type == "cpu" else torch.empty
+        self.kv_cache = alloc(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
+                              cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
