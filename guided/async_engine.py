@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
+from guided.request_stream import RequestStream, deliver_all
 from guided.snapshots import History, copy_metrics, copy_output, snapshot
 
 logger = logging.getLogger(__name__)
@@ -57,63 +58,6 @@ class _Abort:
 @dataclass(slots=True)
 class _Stop:
     deadline: float
-
-
-class RequestStream:
-    """Async iterator over one request's cumulative outputs; coalesces what piled up, so a slow
-    consumer always sees the latest state. Ends after the finished output."""
-
-    def __init__(self, request_id: str, owner: AsyncEngine, loop: asyncio.AbstractEventLoop):
-        self.request_id = request_id
-        self._owner = owner
-        self._loop = loop
-        # Outputs are cumulative: only the newest one not yet taken matters (a slot, not a queue).
-        self._pending: RequestOutput | None = None
-        self._waiter: asyncio.Future | None = None  # the consumer waiting for _pending
-        self._done = False  # consumer side: finished output seen, or aborted
-        self.last: RequestOutput | None = None
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        while self._pending is None:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        out, self._pending = self._pending, None
-        self.last = out
-        if out.finished:
-            self._done = True
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return self._done
-
-    def abort(self) -> None:
-        """Stop the request (frees its KV blocks); a no-op once it finished. Idempotent."""
-        if not self._done:
-            self._done = True
-            self._owner.abort(self.request_id)
-
-    def _deliver(self, out: RequestOutput) -> None:  # event loop
-        pending = self._pending
-        if pending is not None and pending.finished:
-            return  # nothing replaces the last word
-        self._pending = out
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-def _deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # event loop
-    for stream, out in batch:
-        stream._deliver(out)
 
 
 def _final(request_id: str, last: RequestOutput | None, reason: str, error: str | None = None,
@@ -256,7 +200,7 @@ class AsyncEngine:
                 return
             if has_work:
                 self._step()
-            self._flush()  # finals of aborts handled within _step
+            self._flush()  # this step's outputs, and finals of aborts handled within it
             self._refresh_stats()
 
     def _reject_pending(self, error: Exception) -> None:
@@ -339,7 +283,6 @@ class AsyncEngine:
             self._wait_for_command(_NO_PROGRESS_WAIT_S)
         for out in outputs:
             self._dispatch(out)
-        self._flush()
 
     def _dispatch(self, out: RequestOutput) -> None:
         request_id = out.request_id
@@ -389,7 +332,7 @@ class AsyncEngine:
         outbox, self._outbox = self._outbox, {}
         for loop, batch in outbox.items():
             try:
-                loop.call_soon_threadsafe(_deliver_all, batch)
+                loop.call_soon_threadsafe(deliver_all, batch)
             except RuntimeError:  # the loop is closed: nobody listens any more
                 pass
 

@@ -203,8 +203,8 @@ def test_one_hand_off_per_step_carries_all_its_outputs(fake, monkeypatch):
     from guided import async_engine
 
     batches = []
-    deliver_all = async_engine._deliver_all
-    monkeypatch.setattr(async_engine, "_deliver_all",
+    deliver_all = async_engine.deliver_all
+    monkeypatch.setattr(async_engine, "deliver_all",
                         lambda batch: (batches.append(len(batch)), deliver_all(batch)))
 
     async def main():

@@ -107,17 +107,19 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
 def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                          output_ids: list[int], *, max_tokens: int,
                          lookup: NgramIndex | None = None, lookup_tokens: int = 0,
-                         lookup_min_n: int = 2, lookup_max_n: int = 4) -> tuple[list[int], int]:
+                         lookup_min_n: int = 2, lookup_max_n: int = 4,
+                         unindexed: list[int] | tuple = ()) -> tuple[list[int], int]:
     """Draft tokens at the matcher's state, and how many of them are forced text: the forced
     continuation, then up to lookup_tokens prompt-lookup tokens after it (from `lookup`, the
-    request's indexed tokens); the whole draft cut to what the grammar accepts."""
+    request's indexed tokens, followed by `unindexed`: the last of output_ids, not committed
+    yet); the whole draft cut to what the grammar accepts."""
     if max_tokens <= 0 or matcher.is_terminated():
         return [], 0
     forced = matcher.forced_string()
     draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens] if forced else []
     num_forced = len(draft)
     if lookup is not None and lookup_tokens > 0 and len(draft) < max_tokens:
-        draft += lookup.lookup(draft, min_n=lookup_min_n, max_n=lookup_max_n,
+        draft += lookup.lookup([*unindexed, *draft], min_n=lookup_min_n, max_n=lookup_max_n,
                                k=min(lookup_tokens, max_tokens - len(draft)))
     draft = grammatical_prefix(matcher, draft) if draft else []
     return draft, min(num_forced, len(draft))
@@ -142,19 +144,12 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
             if not matcher.accept_token(token):
                 return None, [], 0
             walked += 1
-        if matcher.is_terminated():
-            return None, [], 0
-        forced = matcher.forced_string()
-        context = output_ids + assumed
-        tokens = (retokenize(tokenizer, token_bytes, context, forced)[:max_tokens + 1]
-                  if forced else [])
-        num_forced = len(tokens)
-        if lookup is not None and lookup_tokens > 0 and len(tokens) < max_tokens + 1:
-            tokens += lookup.lookup(assumed + tokens, min_n=lookup_min_n, max_n=lookup_max_n,
-                                    k=min(lookup_tokens, max_tokens + 1 - len(tokens)))
-        tokens = grammatical_prefix(matcher, tokens) if tokens else []
+        tokens, num_forced = propose_draft_tokens(
+            tokenizer, token_bytes, matcher, output_ids + assumed, max_tokens=max_tokens + 1,
+            lookup=lookup, lookup_tokens=lookup_tokens, lookup_min_n=lookup_min_n,
+            lookup_max_n=lookup_max_n, unindexed=assumed)
     finally:
         matcher.rollback(walked)
     if len(tokens) < 2:
         return None, [], 0
-    return tokens[0], tokens[1:], max(0, min(num_forced, len(tokens)) - 1)
+    return tokens[0], tokens[1:], max(0, num_forced - 1)

@@ -286,13 +286,14 @@ class Scheduler:
         """This step's tokens reached the host (before the engine's update of them)."""
         for item in sched.scheduled:
             if not item.voided:
-                self._uncount(item, item.num_new_tokens + item.num_live_drafts)
+                self._uncount(item)
 
-    def _uncount(self, item: ScheduledRequest, num_tokens: int) -> None:
+    def _uncount(self, item: ScheduledRequest) -> None:
+        """Take what the entry still adds (its live drafts) off its request's in-flight counts."""
         request = item.request
-        request.num_inflight_tokens -= num_tokens
+        request.num_inflight_tokens -= item.num_new_tokens + item.num_live_drafts
         if item.sample:
-            request.num_inflight_samples -= num_tokens - item.num_new_tokens + 1
+            request.num_inflight_samples -= 1 + item.num_live_drafts
             if request.inflight is item:
                 request.inflight = None
 
@@ -307,9 +308,8 @@ class Scheduler:
         if item is None:
             return
         if not kept_all_drafts:
-            self._uncount(item, item.num_new_tokens + item.num_live_drafts)
+            self._uncount(item)
             item.voided = True
-            request.inflight = None
         elif item.anchor is not None and not item.drafts_void \
                 and request.output_token_ids[-1] != item.anchor:
             request.num_inflight_tokens -= item.num_draft_tokens
