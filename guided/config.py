@@ -44,6 +44,9 @@ class EngineConfig:
     any_whitespace: bool = False  # compact JSON separators: bounded, and long forced strings
     max_whitespace: int = 2  # with any_whitespace: the longest whitespace run between JSON tokens
     compile_threads: int = 4
+    # niceness added to compile threads: a cold schema's compile uses idle cores and never
+    # preempts the step loop or the mask threads (a preempted mask thread stalls a whole step)
+    compile_nice: int = 10
     compile_timeout_s: float = 30.0
     grammar_cache_size: int = 512
     max_grammar_bytes: int = 1_000_000
@@ -57,6 +60,10 @@ class EngineConfig:
     # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)
     # unless num_scheduler_steps > 1 was asked for
     async_scheduling: bool | None = None
+    # Python's GIL switch interval, set by the engine: its threads (mask fill, compiles, the
+    # server's event loop) return from C++ calls that released the GIL; at Python's default
+    # (5 ms) each return can wait that long beside a busy thread. None: leave it as it is
+    gil_switch_interval_ms: float | None = 0.5
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -74,6 +81,8 @@ class EngineConfig:
              "max_num_batched_tokens")
         need(self.max_model_len is None or self.max_model_len >= 16,
              "max_model_len must be >= 16", "max_model_len")
+        need(self.gil_switch_interval_ms is None or self.gil_switch_interval_ms > 0,
+             "gil_switch_interval_ms must be > 0 (or None)", "gil_switch_interval_ms")
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
              "dtype must be auto, float32, bfloat16 or float16", "dtype")
         need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

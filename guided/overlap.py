@@ -7,17 +7,21 @@ updates its requests, fills t+1's masks and queues t+1's sampling, then schedule
 t+2 and queues its forward pass, whose inputs include t+1's samples, gathered on the device.
 The device waits for the host only when the host's work for a step outlasts a forward pass. A
 request that finished at step t was already scheduled into t+1: that row's token is dropped.
-The masks are filled on this thread: on a mask thread they would contend with the scheduling
-for the GIL. What the requests make of their tokens is the engine's (update)."""
+t+1's masks are filled on the mask thread while this one schedules and prepares t+2 (xgrammar
+fills without the GIL; the engine shortens the GIL's switch interval so the mask thread gets it
+back promptly between its calls). What the requests make of their tokens is the engine's
+(update)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import wait
 
 import torch
 
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
-from guided.worker.model_runner import LaunchedStep, ModelRunner, RunnerOutput, SampledStep
+from guided.worker.model_runner import (LaunchedStep, ModelRunner, RunnerOutput, SampledStep,
+                                        StepInputs)
 
 FillMasks = Callable[[SchedulerOutput, torch.Tensor], None]
 Update = Callable[[SchedulerOutput, RunnerOutput], None]
@@ -55,35 +59,56 @@ class OverlappedSteps:
             self._scheduler.landed(sched)
             with times.phase("update"):
                 self._update(sched, result)
-        previous = None
-        if self._launched is not None:
-            launched_sched, launched = self._launched
-            self._launched = None
-            bitmask = runner.new_bitmask(launched.inputs.num_mask_rows)
+        launched = self._launched
+        self._launched = None
+        bitmask = masks = None
+        if launched is not None:
+            bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
             if bitmask is not None:
-                with times.phase("mask_fill"):
-                    self._fill_masks(launched_sched, bitmask)
-            previous = runner.sample(launched, bitmask)
-            self._sampled = (launched_sched, previous)
+                # filled beside the scheduling and preparing of t+2, which do not read masks
+                masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
+        try:
+            sched, inputs = self._schedule_and_prepare(launched)
+        except BaseException:
+            if masks is not None:
+                wait([masks])  # the fill walks matchers: let it end before anyone else does
+            raise
+        previous = None
+        if launched is not None:
+            if masks is not None:
+                with times.phase("mask_wait"):
+                    masks.result()
+            previous = runner.sample(launched[1], bitmask)
+            self._sampled = (launched[0], previous)
+        if inputs is not None:
+            self._launched = (sched, runner.launch(
+                inputs, None if previous is None else previous.token_ids))
+            self._scheduler.launched(sched)
+
+    def _schedule_and_prepare(self, launched: tuple[SchedulerOutput, LaunchedStep] | None
+                              ) -> tuple[SchedulerOutput, StepInputs | None]:
+        times = self._times
         with times.phase("schedule"):
             sched = self._scheduler.schedule()
-        if not sched.scheduled:
-            return
-        times.count("steps")
-        placeholders = {}
-        if previous is not None:
-            # the last row of each request in t+1: its drafts are assumed accepted
-            rows = previous.inputs.row_of_request
-            placeholders = {b: rows[item.request.request_id]
-                            + item.request.inflight.num_live_drafts
-                            for b, item in enumerate(sched.scheduled) if item.placeholder}
-        with times.phase("prepare"):
-            inputs = runner.prepare(
-                sched, [item.request.matcher is not None for item in sched.scheduled],
-                placeholders)
-        self._launched = (sched, runner.launch(
-            inputs, None if previous is None else previous.token_ids))
-        self._scheduler.launched(sched)
+        inputs = None
+        if sched.scheduled:
+            times.count("steps")
+            placeholders = {}
+            if launched is not None:
+                # the last row of each request in t+1: its drafts are assumed accepted
+                rows = launched[1].inputs.row_of_request
+                placeholders = {b: rows[item.request.request_id]
+                                + item.request.inflight.num_live_drafts
+                                for b, item in enumerate(sched.scheduled) if item.placeholder}
+            with times.phase("prepare"):
+                inputs = self._runner.prepare(
+                    sched, [item.request.matcher is not None for item in sched.scheduled],
+                    placeholders)
+        return sched, inputs
+
+    def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> None:
+        with self._times.phase("mask_fill (thread)"):
+            self._fill_masks(sched, bitmask)
 
     def drop(self) -> None:
         """After a failed step: forget the steps in flight. Their requests go back to their

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -62,7 +63,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = WatchdogPool(num_workers=config.compile_threads,
-                                  timeout_s=config.compile_timeout_s)
+                                  timeout_s=config.compile_timeout_s, nice=config.compile_nice)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:
@@ -149,6 +150,18 @@ class GrammarCompiler:
             return self._outlines
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Add `nice` to the calling thread's niceness (Linux: a thread's priority is its own, and
+    threads it starts inherit it). Best effort: elsewhere, or without permission, a no-op."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        pass
+
+
 class WatchdogPool:
     """A bounded thread pool whose jobs have a deadline from the moment they start.
 
@@ -157,9 +170,10 @@ class WatchdogPool:
     an abandoned worker rejoins the pool when its compile ends if the pool is short, else exits.
     """
 
-    def __init__(self, *, num_workers: int, timeout_s: float):
+    def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0):
         self.num_workers = max(1, num_workers)
         self.timeout_s = timeout_s
+        self.nice = nice
         self._cond = threading.Condition()
         self._jobs: list[tuple[Future, Callable[[], Any], str]] = []
         self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
@@ -207,6 +221,7 @@ class WatchdogPool:
                          daemon=True).start()
 
     def _work(self, worker_id: int) -> None:
+        lower_thread_priority(self.nice)
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:

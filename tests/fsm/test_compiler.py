@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -91,6 +92,19 @@ def test_submit_never_blocks_and_timeout_is_honoured(tokenizer):
     finally:
         release.set()
         c.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are Linux's")
+def test_compile_workers_run_at_a_lower_priority_than_the_caller():
+    from concurrent.futures import Future
+
+    pool = WatchdogPool(num_workers=1, timeout_s=10, nice=5)
+    niceness = Future()
+    pool.submit(niceness, lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert niceness.result(timeout=10) == min(19, mine + 5)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # caller unchanged
+    pool.shutdown()
 
 
 def test_watchdog_bounds_abandoned_threads():
