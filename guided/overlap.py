@@ -61,11 +61,12 @@ class OverlappedSteps:
                 self._update(sched, result)
         launched = self._launched
         self._launched = None
-        bitmask = masks = None
+        bitmask = masks = previous = None
         if launched is not None:
             bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
-            if bitmask is not None:
-                # filled beside the scheduling and preparing of t+2, which do not read masks
+            if bitmask is None:  # nothing to wait for: t+1 samples while the host goes on
+                previous = self._sample(launched, None)
+            else:  # filled beside the scheduling and preparing of t+2, which read no masks
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:
             sched, inputs = self._schedule_and_prepare(launched)
@@ -73,17 +74,20 @@ class OverlappedSteps:
             if masks is not None:
                 wait([masks])  # the fill walks matchers: let it end before anyone else does
             raise
-        previous = None
-        if launched is not None:
-            if masks is not None:
-                with times.phase("mask_wait"):
-                    masks.result()
-            previous = runner.sample(launched[1], bitmask)
-            self._sampled = (launched[0], previous)
+        if masks is not None:
+            with times.phase("mask_wait"):
+                masks.result()
+            previous = self._sample(launched, bitmask)
         if inputs is not None:
             self._launched = (sched, runner.launch(
                 inputs, None if previous is None else previous.token_ids))
             self._scheduler.launched(sched)
+
+    def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
+                bitmask: torch.Tensor | None) -> SampledStep:
+        sampled = self._runner.sample(launched[1], bitmask)
+        self._sampled = (launched[0], sampled)
+        return sampled
 
     def _schedule_and_prepare(self, launched: tuple[SchedulerOutput, LaunchedStep] | None
                               ) -> tuple[SchedulerOutput, StepInputs | None]:
