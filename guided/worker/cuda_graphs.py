@@ -4,10 +4,16 @@
   decode kernel;
 - verify graphs (every request has 1..MAX_QUERY_LEN tokens: the last sampled token plus
   jump-forward drafts), one per padded token count, on the varlen kernel. Without them a step
-  with drafts would fall back to eager launches, which costs more than the drafts save.
+  with drafts would fall back to eager launches, which costs more than the drafts save;
+- prefill graphs (any query lengths: prompts, chunks of them, mixed with decoding requests),
+  one per padded token count, on the varlen kernel launched for the longest query the count
+  allows (programs past their request's query end return at once). An eager step launches
+  every op of every layer from Python: 20-25 ms on the 135M model whatever its size, against
+  a replay's one launch; under continuous batching nearly every arrival costs such a step.
 
 Padding never touches a request's cache: padding tokens write to a scratch block no request
-owns, and padding requests (at most MAX_QUERY_LEN tokens each) read only that block.
+owns, and padding requests (at most MAX_QUERY_LEN tokens each in verify graphs, PREFILL_PAD
+in prefill graphs) read only that block.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from guided.worker.attention_metadata import AttentionMetadata
 log = logging.getLogger(__name__)
 
 MAX_QUERY_LEN = 8  # tokens per request in a verify graph: 1 + up to 7 drafts
-MAX_VERIFY_TOKENS = 2048  # verify graphs cover steps of up to this many tokens
+MAX_VERIFY_TOKENS = 2048  # verify and prefill graphs cover steps of up to this many tokens
+PREFILL_PAD = 128  # tokens per padding request in a prefill graph (within any block table)
 
 
 def decode_batch_sizes(max_batch: int) -> list[int]:
@@ -36,18 +43,26 @@ def verify_token_counts(max_tokens: int) -> list[int]:
 
 class StepGraphs:
     def __init__(self, model, kv_caches, *, max_batch: int, max_blocks_per_seq: int,
-                 block_size: int, scratch_block: int, device: torch.device):
+                 block_size: int, scratch_block: int, device: torch.device,
+                 max_step_tokens: int = 0):
         self.model = model
         self.kv_caches = kv_caches
         self.decode_sizes = decode_batch_sizes(max_batch)
         self.verify_sizes = verify_token_counts(max_batch * MAX_QUERY_LEN)
+        self.prefill_sizes = [c for c in verify_token_counts(max_step_tokens)
+                              if MAX_QUERY_LEN < c <= max_step_tokens]
         # a verify request may run MAX_QUERY_LEN tokens past its last block
         self.max_blocks = max_blocks_per_seq
         width = max_blocks_per_seq + MAX_QUERY_LEN // block_size + 1
+        self.prefill_pad = min(PREFILL_PAD, width * block_size)  # its blocks fit a table row
+        # request slots of a prefill graph: the batch, then its padding requests
+        self.prefill_slots = (max_batch + -(-self.prefill_sizes[-1] // self.prefill_pad)
+                              if self.prefill_sizes else 0)
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
         self.scratch_block = scratch_block
-        n = max(self.decode_sizes[-1], self.verify_sizes[-1])
+        n = max(self.decode_sizes[-1], self.verify_sizes[-1], *self.prefill_sizes,
+                self.prefill_slots)
         with torch.device(device):
             self.input_ids = torch.zeros(n, dtype=torch.int64)  # (T,)
             self.positions = torch.zeros(n, dtype=torch.int64)  # (T,)
@@ -65,17 +80,19 @@ class StepGraphs:
     def _meta(self, kind: str, n: int) -> AttentionMetadata:
         query_start_loc = (self.decode_query_start_loc if kind == "decode"
                            else self.query_start_loc)
+        slots = self.prefill_slots if kind == "prefill" else n
+        max_query_len = {"decode": 1, "verify": MAX_QUERY_LEN, "prefill": n}[kind]
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:n], block_tables=self.block_tables[:n],
-            query_start_loc=query_start_loc[:n + 1], seq_lens=self.seq_lens[:n],
-            max_query_len=1 if kind == "decode" else MAX_QUERY_LEN,
-            max_seq_len=self.max_seq_len, use_triton=True)
+            slot_mapping=self.slot_mapping[:n], block_tables=self.block_tables[:slots],
+            query_start_loc=query_start_loc[:slots + 1], seq_lens=self.seq_lens[:slots],
+            max_query_len=max_query_len, max_seq_len=self.max_seq_len, use_triton=True)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         t0 = time.perf_counter()
         pool = None
-        keys = ([("verify", n) for n in reversed(self.verify_sizes)]
+        keys = ([("prefill", n) for n in reversed(self.prefill_sizes)]
+                + [("verify", n) for n in reversed(self.verify_sizes)]
                 + [("decode", n) for n in reversed(self.decode_sizes)])
         for key in keys:  # largest first: smaller graphs reuse the memory pool
             kind, n = key
@@ -89,24 +106,31 @@ class StepGraphs:
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs (decode batch <= %d, verify tokens <= %d) in %.1f s",
-                 len(self.graphs), self.decode_sizes[-1], self.verify_sizes[-1],
+        log.info("captured %d CUDA graphs (decode batch <= %d, verify tokens <= %d, prefill "
+                 "tokens <= %d) in %.1f s", len(self.graphs), self.decode_sizes[-1],
+                 self.verify_sizes[-1], self.prefill_sizes[-1] if self.prefill_sizes else 0,
                  time.perf_counter() - t0)
 
     def pick(self, meta: AttentionMetadata, num_tokens: int, *, has_drafts: bool = True
              ) -> tuple[str, int] | None:
-        """The graph that can run this step, or None (eager). Verify graphs serve steps with
-        jump-forward drafts only (short prefills after a prefix hit run eagerly)."""
+        """The graph that can run this step, or None (eager): decode graphs for one token per
+        request, verify graphs for steps with jump-forward drafts (up to MAX_QUERY_LEN tokens per
+        request), prefill graphs for the rest."""
         num_reqs = meta.seq_lens.shape[0]
-        if meta.block_tables.shape[1] > self.max_blocks or meta.max_query_len > MAX_QUERY_LEN:
+        if meta.block_tables.shape[1] > self.max_blocks:
             return None
         if meta.max_query_len == 1 and num_tokens == num_reqs:
             size = next((s for s in self.decode_sizes if s >= num_reqs), None)
             return None if size is None else ("decode", size)
-        if not has_drafts:
+        if has_drafts and meta.max_query_len <= MAX_QUERY_LEN:
+            size = next((s for s in self.verify_sizes if s >= num_tokens), None)
+            if size is not None:
+                return ("verify", size)
+        size = next((s for s in self.prefill_sizes if s >= num_tokens), None)
+        if size is None:
             return None
-        size = next((s for s in self.verify_sizes if s >= num_tokens), None)
-        return None if size is None else ("verify", size)
+        num_padding = -(-(size - num_tokens) // self.prefill_pad)
+        return ("prefill", size) if num_reqs + num_padding <= self.prefill_slots else None
 
     def run(self, key: tuple[str, int], input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata, query_lens: list[int]) -> torch.Tensor:
@@ -123,8 +147,10 @@ class StepGraphs:
                 self.slot_mapping[b:padded].fill_(self.scratch_slot)
                 self.seq_lens[b:padded].fill_(1)
                 self.block_tables[b:padded, 0].fill_(self.scratch_block)
-        else:
+        elif kind == "verify":
             self._pad_verify(meta, t, b, padded)
+        else:
+            self._pad_prefill(meta, t, b, padded)
         self.graphs[key].replay()
         return self.outputs[key][:t]
 
@@ -142,3 +168,19 @@ class StepGraphs:
         lens = [min(MAX_QUERY_LEN, padded - s) for s in starts] + [1] * (padded - b - len(starts))
         self.seq_lens[b:padded].copy_(torch.tensor(lens, dtype=torch.int32), non_blocking=True)
         self.block_tables[b:padded, 0].fill_(self.scratch_block)
+
+    def _pad_prefill(self, meta: AttentionMetadata, t: int, b: int, padded: int) -> None:
+        """Padding tokens t..padded go to padding requests of <= PREFILL_PAD tokens each over
+        the scratch block; the remaining request slots get no tokens."""
+        slots = self.prefill_slots
+        self.query_start_loc[:b + 1].copy_(meta.query_start_loc, non_blocking=True)
+        self.slot_mapping[t:padded].fill_(self.scratch_slot)
+        self.positions[t:padded].zero_()
+        starts = list(range(t, padded, self.prefill_pad))
+        ends = starts[1:] + [padded] if starts else []
+        tail = ends + [padded] * (slots - b - len(ends))
+        self.query_start_loc[b + 1:slots + 1].copy_(torch.tensor(tail, dtype=torch.int32),
+                                                   non_blocking=True)
+        lens = [e - s for s, e in zip(starts, ends)] + [1] * (slots - b - len(starts))
+        self.seq_lens[b:slots].copy_(torch.tensor(lens, dtype=torch.int32), non_blocking=True)
+        self.block_tables[b:slots].fill_(self.scratch_block)

@@ -125,7 +125,8 @@ class ModelRunner:
             self.graphs = StepGraphs(
                 self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
-                block_size=self.block_size, scratch_block=self.num_blocks, device=self.device)
+                block_size=self.block_size, scratch_block=self.num_blocks, device=self.device,
+                max_step_tokens=config.max_num_batched_tokens)
 
     def _build_model(self, state_dict) -> LlamaForCausalLM:
         with torch.device("meta"):  # no time spent on an init the weights overwrite

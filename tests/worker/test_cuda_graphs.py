@@ -58,6 +58,44 @@ def test_verify_graph_matches_eager_with_drafts():
     assert graph_vs_eager(engine, "verify") < 2e-2
 
 
+def test_prefill_graph_matches_eager():
+    """Whole prompts (one step, no request past its prefill) replay a prefill graph."""
+    engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=16,
+                                 max_model_len=1024, num_kv_blocks=256, async_scheduling=False))
+    for i in range(3):
+        engine.add_request(f"r{i}", [(13 * i + j) % 900 + 100 for j in range(40 + 61 * i)],
+                           SamplingParams(max_tokens=4, temperature=0))
+    assert graph_vs_eager(engine, "prefill") < 2e-2
+
+
+def test_prefill_graph_matches_eager_beside_decoding_requests():
+    """A prompt arriving while others decode (continuous batching): one mixed step, replayed."""
+    engine = running_engine([[(9 * i + j) % 800 + 100 for j in range(21 + 4 * i)]
+                             for i in range(4)])
+    engine.add_request("late", [(j * 7) % 900 + 100 for j in range(300)],
+                       SamplingParams(max_tokens=4, temperature=0))
+    assert graph_vs_eager(engine, "prefill") < 2e-2
+
+
+def test_arrivals_under_continuous_batching_launch_no_eager_step():
+    """Prompts arriving every step (mixed steps) all replay graphs and run to completion."""
+    engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=16,
+                                 max_model_len=1024, num_kv_blocks=256))
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    done: dict[str, list[int]] = {}
+    for i in range(6):
+        engine.add_request(f"r{i}", [(17 * i + j) % 900 + 100 for j in range(30 + 50 * i)],
+                           params)
+        done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+    counts = engine.runner.times.counts
+    engine.shutdown()
+    assert sorted(done) == [f"r{i}" for i in range(6)]
+    assert all(len(ids) == 12 for ids in done.values())
+    assert counts["graph_prefill"] >= 3 and counts["eager"] == 0
+
+
 def test_decode_after_verify_keeps_its_query_offsets():
     """Verify replays rewrite query offsets; a decode replay after one must not read them."""
     engine = running_engine([[(3 * i + j) % 800 + 100 for j in range(25 + 5 * i)]
