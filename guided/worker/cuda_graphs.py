@@ -80,7 +80,7 @@ class StepGraphs:
     def _meta(self, kind: str, n: int) -> AttentionMetadata:
         query_start_loc = (self.decode_query_start_loc if kind == "decode"
                            else self.query_start_loc)
-        slots = self.prefill_slots if kind == "prefill" else n
+        slots = self._prefill_slots(n) if kind == "prefill" else n
         max_query_len = {"decode": 1, "verify": MAX_QUERY_LEN, "prefill": n}[kind]
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:n], block_tables=self.block_tables[:slots],
@@ -96,6 +96,7 @@ class StepGraphs:
                 + [("decode", n) for n in reversed(self.decode_sizes)])
         for key in keys:  # largest first: smaller graphs reuse the memory pool
             kind, n = key
+            log.debug("capturing the %s graph of %d", kind, n)
             args = (self.input_ids[:n], self.positions[:n], self.kv_caches, self._meta(kind, n))
             for _ in range(2):  # compile / autotune outside the capture
                 self.model(*args, fused=True)
@@ -130,7 +131,12 @@ class StepGraphs:
         if size is None:
             return None
         num_padding = -(-(size - num_tokens) // self.prefill_pad)
-        return ("prefill", size) if num_reqs + num_padding <= self.prefill_slots else None
+        return ("prefill", size) if num_reqs + num_padding <= self._prefill_slots(size) else None
+
+    def _prefill_slots(self, num_tokens: int) -> int:
+        """Request slots of the prefill graph of num_tokens: no more than its tokens (every
+        slot's query then lies inside them, whatever the buffers hold at capture)."""
+        return min(self.prefill_slots, num_tokens)
 
     def run(self, key: tuple[str, int], input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata, query_lens: list[int]) -> torch.Tensor:
@@ -172,7 +178,7 @@ class StepGraphs:
     def _pad_prefill(self, meta: AttentionMetadata, t: int, b: int, padded: int) -> None:
         """Padding tokens t..padded go to padding requests of <= PREFILL_PAD tokens each over
         the scratch block; the remaining request slots get no tokens."""
-        slots = self.prefill_slots
+        slots = self._prefill_slots(padded)
         self.query_start_loc[:b + 1].copy_(meta.query_start_loc, non_blocking=True)
         self.slot_mapping[t:padded].fill_(self.scratch_slot)
         self.positions[t:padded].zero_()

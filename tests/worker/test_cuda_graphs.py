@@ -78,8 +78,9 @@ def test_prefill_graph_matches_eager_beside_decoding_requests():
 
 
 def test_arrivals_under_continuous_batching_launch_no_eager_step():
-    """Prompts arriving every step (mixed steps) all replay graphs and run to completion."""
-    engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=16,
+    """Prompts arriving every step (mixed steps) all replay graphs and run to completion. With
+    256 sequences a prefill graph has fewer tokens than the batch has request slots."""
+    engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=256,
                                  max_model_len=1024, num_kv_blocks=256))
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     done: dict[str, list[int]] = {}
