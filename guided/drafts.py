@@ -29,7 +29,8 @@ class DraftProposer:
 
     def propose(self, request: Request) -> None:
         """Set the request's draft_token_ids / draft_anchor / num_forced_drafts for its next
-        step, from its matcher's state (and, while a step of it is in flight, after it)."""
+        step, from its draft matcher's state (and, while a step of it is in flight, after
+        it). The mask thread may be walking the request's other matcher meanwhile."""
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
@@ -46,12 +47,12 @@ class DraftProposer:
             elif inflight is not None:
                 assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
                 request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
-                    self.encoder, self.token_bytes, request.matcher, request.output_token_ids,
-                    assumed, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+                    self.encoder, self.token_bytes, request.draft_matcher,
+                    request.output_token_ids, assumed, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
             else:
                 drafts, num_forced = propose_draft_tokens(
-                    self.encoder, self.token_bytes, request.matcher, request.output_token_ids,
-                    max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+                    self.encoder, self.token_bytes, request.draft_matcher,
+                    request.output_token_ids, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
             request.draft_anchor, drafts, num_forced = None, [], 0

@@ -61,6 +61,7 @@ class Engine:
         self._compiler = None
         self._drafts: DraftProposer | None = None
         self.requests: dict[str, Request] = {}
+        self._to_propose: list[Request] = []  # moved on by the last update, drafts to make
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
         self._rng = random.Random(config.seed)
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
@@ -70,6 +71,7 @@ class Engine:
             fill_masks=lambda sched, bitmask: fill_step_masks(
                 sched, bitmask, num_threads=config.mask_threads, times=self.step_times),
             update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
+            propose=self._propose,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
@@ -195,6 +197,7 @@ class Engine:
             self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
+            self._propose()
             if any(constrained):
                 self._prefetch.start([r for r in self.scheduler.running
                                       if r.matcher is not None and not r.is_finished])
@@ -203,6 +206,8 @@ class Engine:
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
+        if self.config.jump_forward:
+            request.draft_matcher = grammar.matcher()
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 
@@ -270,13 +275,23 @@ class Engine:
                 self.scheduler.commit_computed(request, base + num_matched)
                 self.scheduler.trim_blocks(request)
             if self.config.jump_forward and request.matcher is not None:
-                with self.step_times.phase("jump_forward"):
+                self._to_propose.append(request)
+
+    def _propose(self) -> None:
+        """Drafts for the next step of the requests the last update moved on (apart from the
+        update: under overlap the mask thread starts filling in between)."""
+        to_propose, self._to_propose = self._to_propose, []
+        with self.step_times.phase("jump_forward"):
+            for request in to_propose:
+                if not request.is_finished:
                     self.drafts.propose(request)
 
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""
         params = request.params
-        if request.matcher is not None and not request.matcher.accept_token(token):
+        if request.matcher is not None and not (
+                request.matcher.accept_token(token)
+                and (request.draft_matcher is None or request.draft_matcher.accept_token(token))):
             request.error_type = "internal"
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True

@@ -3,14 +3,14 @@ the device runs step t+1.
 
 On entry to step() step t is sampled (its tokens on their way to the host) and step t+1's
 forward pass is queued behind it. While the device runs t+1 the host reads t's tokens and
-updates its requests, fills t+1's masks and queues t+1's sampling, then schedules and prepares
-t+2 and queues its forward pass, whose inputs include t+1's samples, gathered on the device.
-The device waits for the host only when the host's work for a step outlasts a forward pass. A
-request that finished at step t was already scheduled into t+1: that row's token is dropped.
-t+1's masks are filled on the mask thread while this one schedules and prepares t+2 (xgrammar
-fills without the GIL; the engine shortens the GIL's switch interval so the mask thread gets it
-back promptly between its calls). What the requests make of their tokens is the engine's
-(update)."""
+updates its requests; then, while the mask thread fills t+1's masks, it makes t+2's drafts
+(on the requests' draft matchers, not the ones being filled from), schedules and prepares t+2;
+it queues t+1's sampling once the masks are in, then t+2's forward pass, whose inputs include
+t+1's samples, gathered on the device. The device waits for the host only when the host's work
+for a step outlasts a forward pass. A request that finished at step t was already scheduled
+into t+1: that row's token is dropped. xgrammar fills without the GIL; the engine shortens the
+GIL's switch interval so the mask thread gets it back promptly between its calls. What the
+requests make of their tokens is the engine's (update, propose)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,12 +29,13 @@ Update = Callable[[SchedulerOutput, RunnerOutput], None]
 
 class OverlappedSteps:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
-                 fill_masks: FillMasks, update: Update):
+                 fill_masks: FillMasks, update: Update, propose: Callable[[], None]):
         self._runner = runner
         self._scheduler = scheduler
         self._times = times
         self._fill_masks = fill_masks
         self._update = update
+        self._propose = propose  # t+2's drafts, from the requests' draft matchers
         self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None  # masks not applied
         self._sampled: tuple[SchedulerOutput, SampledStep] | None = None  # tokens copying
 
@@ -66,9 +67,10 @@ class OverlappedSteps:
             bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
             if bitmask is None:  # nothing to wait for: t+1 samples while the host goes on
                 previous = self._sample(launched, None)
-            else:  # filled beside the scheduling and preparing of t+2, which read no masks
+            else:  # filled beside the proposals, scheduling and preparing of t+2
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:
+            self._propose()
             sched, inputs = self._schedule_and_prepare(launched)
         except BaseException:
             if masks is not None:

@@ -218,6 +218,8 @@ def test_preemption_during_jump_forward(llm_on):
     tiny = LLM(jump_forward=True, num_kv_blocks=max(need) + 2, admission_lookahead_tokens=0,
                enable_prefix_caching=False, max_num_seqs=4)
     try:
+        for schema in schemas:  # compiled first: all four requests then run at once
+            tiny.engine.compiler.compile(ConstraintSpec.json_schema(schema))
         got = tiny.generate(prompts, params)
         stats = tiny.engine.stats()
         assert stats.preemptions_total > 0

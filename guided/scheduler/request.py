@@ -54,7 +54,10 @@ class Request:
     anchored_misses: int = 0  # such rejections in a row
     anchored_skip: int = 0  # proposals left without drafts (cool-down)
     grammar_future: Future | None = None
-    matcher: Matcher | None = None
+    matcher: Matcher | None = None  # the committed tokens; masks are filled from it
+    # the same tokens in a second matcher, the draft proposer's: its walks may then run while
+    # the mask thread walks `matcher` (None: jump-forward off)
+    draft_matcher: Matcher | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None
