@@ -60,6 +60,9 @@ class EngineConfig:
     # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)
     # unless num_scheduler_steps > 1 was asked for
     async_scheduling: bool | None = None
+    # overlapped scheduling: fill a step's masks on the mask thread while the host makes the
+    # next step's drafts, schedules and prepares it (False: on the step loop, before those)
+    concurrent_masks: bool = True
     # Python's GIL switch interval, set by the engine: its threads (mask fill, compiles, the
     # server's event loop) return from C++ calls that released the GIL; at Python's default
     # (5 ms) each return can wait that long beside a busy thread. None: leave it as it is

@@ -71,7 +71,7 @@ class Engine:
             fill_masks=lambda sched, bitmask: fill_step_masks(
                 sched, bitmask, num_threads=config.mask_threads, times=self.step_times),
             update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
-            propose=self._propose,
+            propose=self._propose, concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "

@@ -29,13 +29,15 @@ Update = Callable[[SchedulerOutput, RunnerOutput], None]
 
 class OverlappedSteps:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
-                 fill_masks: FillMasks, update: Update, propose: Callable[[], None]):
+                 fill_masks: FillMasks, update: Update, propose: Callable[[], None],
+                 concurrent_masks: bool = True):
         self._runner = runner
         self._scheduler = scheduler
         self._times = times
         self._fill_masks = fill_masks
         self._update = update
         self._propose = propose  # t+2's drafts, from the requests' draft matchers
+        self._concurrent_masks = concurrent_masks
         self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None  # masks not applied
         self._sampled: tuple[SchedulerOutput, SampledStep] | None = None  # tokens copying
 
@@ -67,6 +69,10 @@ class OverlappedSteps:
             bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
             if bitmask is None:  # nothing to wait for: t+1 samples while the host goes on
                 previous = self._sample(launched, None)
+            elif not self._concurrent_masks:
+                with times.phase("mask_fill"):
+                    self._fill_masks(launched[0], bitmask)
+                previous = self._sample(launched, bitmask)
             else:  # filled beside the proposals, scheduling and preparing of t+2
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:

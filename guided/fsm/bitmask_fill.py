@@ -122,17 +122,56 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
         while level:
             fill_bitmasks([(m, first + depth) for m, _, first in level], bitmask,
                           num_threads=num_threads, bans=bans)
-            deeper = []
-            for matcher, drafts, first in level:
-                if depth < len(drafts):
-                    if not matcher.accept_token(drafts[depth]):
-                        raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
-                                           "rejected by the grammar")
-                    accepted[matcher] = depth + 1
-                    deeper.append((matcher, drafts, first))
-            level = deeper
+            level = [entry for entry in level if depth < len(entry[1])]
+            oks = accept_tokens([(m, drafts[depth]) for m, drafts, _ in level])
+            for (matcher, drafts, _), ok in zip(level, oks):
+                if not ok:
+                    raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
+                                       "rejected by the grammar")
+                accepted[matcher] = depth + 1
             depth += 1
     finally:
-        for matcher, count in accepted.items():
-            matcher.rollback(count)
+        rollback_all(accepted)
     apply_bans(bitmask, bans)
+
+
+def accept_tokens(pairs: list[tuple[Matcher, int]]) -> list[bool]:
+    """Each matcher accepts its token (True where it did); xgrammar's in one call. Only for
+    tokens a matcher's own accept_token took before in this state (drafts): the batched call
+    skips the wrapper's checks (token range, bans)."""
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+    batched = [i for i, (m, _) in enumerate(pairs) if isinstance(m, XGrammarMatcher)]
+    oks = [False] * len(pairs)
+    if len(batched) > 1:
+        import xgrammar as xgr
+
+        got = xgr.BatchGrammarMatcher.batch_accept_token(
+            [pairs[i][0].xgrammar_matcher for i in batched], [pairs[i][1] for i in batched])
+        for i, ok in zip(batched, got):
+            oks[i] = bool(ok)
+        done = set(batched)
+    else:
+        done = set()
+    for i, (matcher, token) in enumerate(pairs):
+        if i not in done:
+            oks[i] = matcher.accept_token(token)
+    return oks
+
+
+def rollback_all(counts: dict) -> None:
+    """Walk each matcher back its count of tokens (matcher -> count); xgrammar's batched."""
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+    batched = [(m, n) for m, n in counts.items() if isinstance(m, XGrammarMatcher) and n > 0]
+    if len(batched) > 1:
+        import xgrammar as xgr
+
+        xgr.BatchGrammarMatcher.batch_rollback([m.xgrammar_matcher for m, _ in batched],
+                                               [n for _, n in batched])
+    else:
+        batched = []
+    done = {id(m) for m, _ in batched}
+    for matcher, count in counts.items():
+        if id(matcher) not in done:
+            matcher.rollback(count)
