@@ -61,8 +61,10 @@ class EngineConfig:
     # unless num_scheduler_steps > 1 was asked for
     async_scheduling: bool | None = None
     # overlapped scheduling: fill a step's masks on the mask thread while the host makes the
-    # next step's drafts, schedules and prepares it (False: on the step loop, before those)
-    concurrent_masks: bool = True
+    # next step's drafts, schedules and prepares it (True), or on the step loop before those.
+    # Measured on an H200 (RESULTS, session 5): the loop wins, 12495 vs 9214 tok/s at 64: the
+    # two threads' Python halves contend for the GIL and both run 2-2.6x slower
+    concurrent_masks: bool = False
     # Python's GIL switch interval, set by the engine: its threads (mask fill, compiles, the
     # server's event loop) return from C++ calls that released the GIL; at Python's default
     # (5 ms) each return can wait that long beside a busy thread. None: leave it as it is

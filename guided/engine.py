@@ -206,8 +206,9 @@ class Engine:
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
-        if self.config.jump_forward:
-            request.draft_matcher = grammar.matcher()
+        if self.config.jump_forward:  # its own only where the mask thread walks `matcher`
+            request.draft_matcher = (grammar.matcher() if self.overlap and
+                                     self.config.concurrent_masks else request.matcher)
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 
@@ -291,7 +292,8 @@ class Engine:
         params = request.params
         if request.matcher is not None and not (
                 request.matcher.accept_token(token)
-                and (request.draft_matcher is None or request.draft_matcher.accept_token(token))):
+                and (request.draft_matcher is None or request.draft_matcher is request.matcher
+                     or request.draft_matcher.accept_token(token))):
             request.error_type = "internal"
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True

@@ -55,8 +55,8 @@ class Request:
     anchored_skip: int = 0  # proposals left without drafts (cool-down)
     grammar_future: Future | None = None
     matcher: Matcher | None = None  # the committed tokens; masks are filled from it
-    # the same tokens in a second matcher, the draft proposer's: its walks may then run while
-    # the mask thread walks `matcher` (None: jump-forward off)
+    # the matcher the draft proposer walks: `matcher` itself, or a second one fed the same
+    # tokens where the mask thread walks `matcher` meanwhile (concurrent_masks); None: no drafts
     draft_matcher: Matcher | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
