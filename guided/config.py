@@ -65,10 +65,6 @@ class EngineConfig:
     # Measured on an H200 (RESULTS, session 5): the loop wins, 12495 vs 9214 tok/s at 64: the
     # two threads' Python halves contend for the GIL and both run 2-2.6x slower
     concurrent_masks: bool = False
-    # Python's GIL switch interval, set by the engine: its threads (mask fill, compiles, the
-    # server's event loop) return from C++ calls that released the GIL; at Python's default
-    # (5 ms) each return can wait that long beside a busy thread. None: leave it as it is
-    gil_switch_interval_ms: float | None = 0.5
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -86,8 +82,6 @@ class EngineConfig:
              "max_num_batched_tokens")
         need(self.max_model_len is None or self.max_model_len >= 16,
              "max_model_len must be >= 16", "max_model_len")
-        need(self.gil_switch_interval_ms is None or self.gil_switch_interval_ms > 0,
-             "gil_switch_interval_ms must be > 0 (or None)", "gil_switch_interval_ms")
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
              "dtype must be auto, float32, bfloat16 or float16", "dtype")
         need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

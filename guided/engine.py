@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 
 from guided.config import EngineConfig
@@ -33,8 +32,6 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig.from_kwargs(**kwargs)
         t0 = time.perf_counter()
-        if config.gil_switch_interval_ms is not None:
-            sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
         self.model_name = config.model
         self.tokenizer = loader.load_tokenizer(config.model)
         model_config = loader.load_model_config(config.model)

@@ -3,16 +3,20 @@ the device runs step t+1.
 
 On entry to step() step t is sampled (its tokens on their way to the host) and step t+1's
 forward pass is queued behind it. While the device runs t+1 the host reads t's tokens and
-updates its requests; then, while the mask thread fills t+1's masks, it makes t+2's drafts
-(on the requests' draft matchers, not the ones being filled from), schedules and prepares t+2;
-it queues t+1's sampling once the masks are in, then t+2's forward pass, whose inputs include
-t+1's samples, gathered on the device. The device waits for the host only when the host's work
-for a step outlasts a forward pass. A request that finished at step t was already scheduled
-into t+1: that row's token is dropped. xgrammar fills without the GIL; the engine shortens the
-GIL's switch interval so the mask thread gets it back promptly between its calls. What the
-requests make of their tokens is the engine's (update, propose)."""
+updates its requests, fills t+1's masks and queues t+1's sampling, then makes t+2's drafts,
+schedules and prepares t+2 and queues its forward pass, whose inputs include t+1's samples,
+gathered on the device. The device waits for the host only when the host's work for a step
+outlasts a forward pass. A request that finished at step t was already scheduled into t+1:
+that row's token is dropped. What the requests make of their tokens is the engine's (update,
+propose).
+
+concurrent_masks moves the fill to the mask thread, beside the drafts (made on second
+matchers), scheduling and preparing of t+2; t+1 is sampled once both are done. xgrammar fills
+without the GIL, but the Python around the fills and the loop's own contend for it: measured
+slower on an H200 (benchmarks/RESULTS.md, session 5), so it is off by default."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from concurrent.futures import wait
 
@@ -38,6 +42,11 @@ class OverlappedSteps:
         self._update = update
         self._propose = propose  # t+2's drafts, from the requests' draft matchers
         self._concurrent_masks = concurrent_masks
+        if concurrent_masks:
+            # the mask thread comes back from each GIL-free fill needing the GIL; at Python's
+            # 5 ms switch interval it waits that long beside the busy loop (measured: a fill
+            # loop 23x slower), at 0.5 ms it barely waits
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None  # masks not applied
         self._sampled: tuple[SchedulerOutput, SampledStep] | None = None  # tokens copying
 
