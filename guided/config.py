@@ -63,7 +63,7 @@ class EngineConfig:
     # overlapped scheduling: fill a step's masks on the mask thread while the host makes the
     # next step's drafts, schedules and prepares it (True), or on the step loop before those.
     # Measured on an H200 (RESULTS, session 5): the loop wins, 12495 vs 9214 tok/s at 64: the
-    # two threads' Python halves contend for the GIL and both run 2-2.6x slower
+    # two threads' Python halves contend for the GIL and both run 1.7-2.7x slower
     concurrent_masks: bool = False
 
     def __post_init__(self) -> None:

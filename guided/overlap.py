@@ -44,8 +44,8 @@ class OverlappedSteps:
         self._concurrent_masks = concurrent_masks
         if concurrent_masks:
             # the mask thread comes back from each GIL-free fill needing the GIL; at Python's
-            # 5 ms switch interval it waits that long beside the busy loop (measured: a fill
-            # loop 23x slower), at 0.5 ms it barely waits
+            # 5 ms switch interval it waits that long beside the busy loop, at 0.5 ms much less
+            # (benchmarks/bench_mask_gil.py)
             sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._launched: tuple[SchedulerOutput, LaunchedStep] | None = None  # masks not applied
         self._sampled: tuple[SchedulerOutput, SampledStep] | None = None  # tokens copying
