@@ -48,11 +48,13 @@ class DraftProposer:
                 assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
                 request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
                     self.encoder, self.token_bytes, request.draft_matcher,
-                    request.output_token_ids, assumed, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+                    request.output_token_ids, assumed, max_tokens=room, lookup=lookup,
+                    lookup_tokens=lookup_tokens)
             else:
                 drafts, num_forced = propose_draft_tokens(
                     self.encoder, self.token_bytes, request.draft_matcher,
-                    request.output_token_ids, max_tokens=room, lookup=lookup, lookup_tokens=lookup_tokens)
+                    request.output_token_ids, max_tokens=room, lookup=lookup,
+                    lookup_tokens=lookup_tokens)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
             request.draft_anchor, drafts, num_forced = None, [], 0

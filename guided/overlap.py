@@ -24,8 +24,13 @@ import torch
 
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
-from guided.worker.model_runner import (LaunchedStep, ModelRunner, RunnerOutput, SampledStep,
-                                        StepInputs)
+from guided.worker.model_runner import (
+    LaunchedStep,
+    ModelRunner,
+    RunnerOutput,
+    SampledStep,
+    StepInputs,
+)
 
 FillMasks = Callable[[SchedulerOutput, torch.Tensor], None]
 Update = Callable[[SchedulerOutput, RunnerOutput], None]
@@ -34,7 +39,7 @@ Update = Callable[[SchedulerOutput, RunnerOutput], None]
 class OverlappedSteps:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
                  fill_masks: FillMasks, update: Update, propose: Callable[[], None],
-                 concurrent_masks: bool = True):
+                 concurrent_masks: bool = False):
         self._runner = runner
         self._scheduler = scheduler
         self._times = times
