@@ -124,11 +124,13 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
                           num_threads=num_threads, bans=bans)
             level = [entry for entry in level if depth < len(entry[1])]
             oks = accept_tokens([(m, drafts[depth]) for m, drafts, _ in level])
-            for (matcher, drafts, _), ok in zip(level, oks):
-                if not ok:
-                    raise RuntimeError(f"jump-forward draft token {drafts[depth]} "
-                                       "rejected by the grammar")
-                accepted[matcher] = depth + 1
+            for (matcher, _, _), ok in zip(level, oks):  # all counted first: the walk back
+                if ok:                                   # must cover those after a rejection
+                    accepted[matcher] = depth + 1
+            rejected = next((drafts[depth] for (_, drafts, _), ok in zip(level, oks) if not ok),
+                            None)
+            if rejected is not None:
+                raise RuntimeError(f"jump-forward draft token {rejected} rejected by the grammar")
             depth += 1
     finally:
         rollback_all(accepted)

@@ -69,3 +69,25 @@ def test_prefetched_rows_equal_rows_filled_in_the_step(compiler, tokenizer):
             assert r.matcher.accept_token(tokenizer.encode('"a"', add_special_tokens=False)[0])
     finally:
         pool.shutdown()
+
+
+def test_a_rejected_draft_leaves_every_matcher_at_its_committed_tokens(compiler, tokenizer):
+    """Drafts are accepted a depth at a time for all matchers at once; when one is rejected,
+    the matchers that accepted theirs at that depth (before or after it) are walked back too."""
+    grammar = compiler.compile(SCHEMA, timeout=60)
+    prefix = tokenizer.encode('{"name": "x", "tags": [', add_special_tokens=False)
+    a = tokenizer.encode('"a"', add_special_tokens=False)
+    brace = tokenizer.encode("}", add_special_tokens=False)
+    matchers = []
+    for _ in range(3):
+        m = grammar.matcher()
+        assert all(m.accept_token(t) for t in prefix)
+        matchers.append(m)
+    entries = [(matchers[0], a, 0), (matchers[1], brace, 1 + len(a)),  # '}' is rejected here
+               (matchers[2], a + a, 3 + len(a))]
+    bitmask = torch.zeros(4 + 3 * len(a), WORDS, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="rejected"):
+        fill_draft_rows(entries, bitmask, num_threads=1)
+    for m in matchers:  # each accepts what follows its committed tokens, once
+        assert all(m.accept_token(t) for t in a)
+        m.rollback(len(a))
