@@ -287,10 +287,8 @@ class Engine:
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""
         params = request.params
-        if request.matcher is not None and not (
-                request.matcher.accept_token(token)
-                and (request.draft_matcher is None or request.draft_matcher is request.matcher
-                     or request.draft_matcher.accept_token(token))):
+        if request.matcher is not None and not all(
+                m.accept_token(token) for m in request.committed_matchers):
             request.error_type = "internal"
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True

@@ -124,13 +124,12 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
                           num_threads=num_threads, bans=bans)
             level = [entry for entry in level if depth < len(entry[1])]
             oks = accept_tokens([(m, drafts[depth]) for m, drafts, _ in level])
-            for (matcher, _, _), ok in zip(level, oks):  # all counted first: the walk back
-                if ok:                                   # must cover those after a rejection
-                    accepted[matcher] = depth + 1
-            rejected = next((drafts[depth] for (_, drafts, _), ok in zip(level, oks) if not ok),
-                            None)
-            if rejected is not None:
-                raise RuntimeError(f"jump-forward draft token {rejected} rejected by the grammar")
+            # every acceptance counted before raising: the walk back covers all of them
+            accepted.update((m, depth + 1) for (m, _, _), ok in zip(level, oks) if ok)
+            rejected = [drafts[depth] for (_, drafts, _), ok in zip(level, oks) if not ok]
+            if rejected:
+                raise RuntimeError(f"jump-forward draft token {rejected[0]} rejected by the "
+                                   "grammar")
             depth += 1
     finally:
         rollback_all(accepted)
@@ -138,42 +137,31 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
 
 
 def accept_tokens(pairs: list[tuple[Matcher, int]]) -> list[bool]:
-    """Each matcher accepts its token (True where it did); xgrammar's in one call. Only for
-    tokens a matcher's own accept_token took before in this state (drafts): the batched call
-    skips the wrapper's checks (token range, bans)."""
-    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
-
-    batched = [i for i, (m, _) in enumerate(pairs) if isinstance(m, XGrammarMatcher)]
-    oks = [False] * len(pairs)
-    if len(batched) > 1:
+    """Each matcher accepts its token (True where it did); all xgrammar's in one call. Only
+    for tokens a matcher's own accept_token took before in this state (drafts): the batched
+    call skips the wrapper's checks (token range, bans)."""
+    if _all_xgrammar([m for m, _ in pairs]):
         import xgrammar as xgr
 
-        got = xgr.BatchGrammarMatcher.batch_accept_token(
-            [pairs[i][0].xgrammar_matcher for i in batched], [pairs[i][1] for i in batched])
-        for i, ok in zip(batched, got):
-            oks[i] = bool(ok)
-        done = set(batched)
-    else:
-        done = set()
-    for i, (matcher, token) in enumerate(pairs):
-        if i not in done:
-            oks[i] = matcher.accept_token(token)
-    return oks
+        return [bool(ok) for ok in xgr.BatchGrammarMatcher.batch_accept_token(
+            [m.xgrammar_matcher for m, _ in pairs], [token for _, token in pairs])]
+    return [matcher.accept_token(token) for matcher, token in pairs]
 
 
 def rollback_all(counts: dict) -> None:
-    """Walk each matcher back its count of tokens (matcher -> count); xgrammar's batched."""
-    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
-
-    batched = [(m, n) for m, n in counts.items() if isinstance(m, XGrammarMatcher) and n > 0]
-    if len(batched) > 1:
+    """Walk each matcher back its count of tokens (matcher -> count > 0); xgrammar's batched."""
+    if _all_xgrammar(list(counts)):
         import xgrammar as xgr
 
-        xgr.BatchGrammarMatcher.batch_rollback([m.xgrammar_matcher for m, _ in batched],
-                                               [n for _, n in batched])
-    else:
-        batched = []
-    done = {id(m) for m, _ in batched}
+        xgr.BatchGrammarMatcher.batch_rollback([m.xgrammar_matcher for m in counts],
+                                               list(counts.values()))
+        return
     for matcher, count in counts.items():
-        if id(matcher) not in done:
-            matcher.rollback(count)
+        matcher.rollback(count)
+
+
+def _all_xgrammar(matchers: list[Matcher]) -> bool:
+    """Several matchers, all xgrammar's (a batched call pays off; mixed batches loop)."""
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+    return len(matchers) > 1 and all(isinstance(m, XGrammarMatcher) for m in matchers)

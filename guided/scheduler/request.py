@@ -91,6 +91,16 @@ class Request:
         return self.draft_token_ids[index - len(self.output_token_ids)]
 
     @property
+    def committed_matchers(self) -> tuple[Matcher, ...]:
+        """The matchers each committed token goes to: `matcher`, and the draft matcher where
+        it is a second one."""
+        if self.matcher is None:
+            return ()
+        if self.draft_matcher is None or self.draft_matcher is self.matcher:
+            return (self.matcher,)
+        return (self.matcher, self.draft_matcher)
+
+    @property
     def in_flight(self) -> bool:
         return bool(self.num_inflight_tokens or self.num_inflight_samples)
 

@@ -8,8 +8,8 @@
 - prefill graphs (any query lengths: prompts, chunks of them, mixed with decoding requests),
   one per padded token count, on the varlen kernel launched for the longest query the count
   allows (programs past their request's query end return at once). An eager step launches
-  every op of every layer from Python: 20-25 ms on the 135M model whatever its size, against
-  a replay's one launch; under continuous batching nearly every arrival costs such a step.
+  every op of every layer from Python whatever its size, against a replay's one launch; under
+  continuous batching nearly every arrival costs such a step.
 
 Padding never touches a request's cache: padding tokens write to a scratch block no request
 owns, and padding requests (at most MAX_QUERY_LEN tokens each in verify graphs, PREFILL_PAD
@@ -154,39 +154,25 @@ class StepGraphs:
                 self.seq_lens[b:padded].fill_(1)
                 self.block_tables[b:padded, 0].fill_(self.scratch_block)
         elif kind == "verify":
-            self._pad_verify(meta, t, b, padded)
+            self._pad_varlen(meta, t, b, padded, chunk=MAX_QUERY_LEN, slots=padded)
         else:
-            self._pad_prefill(meta, t, b, padded)
+            self._pad_varlen(meta, t, b, padded, chunk=self.prefill_pad,
+                             slots=self._prefill_slots(padded))
         self.graphs[key].replay()
         return self.outputs[key][:t]
 
-    def _pad_verify(self, meta: AttentionMetadata, t: int, b: int, padded: int) -> None:
-        """Padding tokens t..padded go to padding requests of <= MAX_QUERY_LEN tokens each;
-        the remaining request slots get no tokens."""
+    def _pad_varlen(self, meta: AttentionMetadata, t: int, b: int, padded: int, *,
+                    chunk: int, slots: int) -> None:
+        """Padding tokens t..padded go to padding requests of <= chunk tokens each over the
+        scratch block; the remaining of the graph's request slots get no tokens."""
         self.query_start_loc[:b + 1].copy_(meta.query_start_loc, non_blocking=True)
         self.slot_mapping[t:padded].fill_(self.scratch_slot)
         self.positions[t:padded].zero_()
-        starts = list(range(t, padded, MAX_QUERY_LEN))  # one padding request per chunk
+        starts = list(range(t, padded, chunk))  # one padding request per chunk
         ends = starts[1:] + [padded] if starts else []
-        tail = ends + [padded] * (padded - b - len(ends))  # then requests with no tokens
-        self.query_start_loc[b + 1:padded + 1].copy_(torch.tensor(tail, dtype=torch.int32),
-                                                    non_blocking=True)
-        lens = [min(MAX_QUERY_LEN, padded - s) for s in starts] + [1] * (padded - b - len(starts))
-        self.seq_lens[b:padded].copy_(torch.tensor(lens, dtype=torch.int32), non_blocking=True)
-        self.block_tables[b:padded, 0].fill_(self.scratch_block)
-
-    def _pad_prefill(self, meta: AttentionMetadata, t: int, b: int, padded: int) -> None:
-        """Padding tokens t..padded go to padding requests of <= PREFILL_PAD tokens each over
-        the scratch block; the remaining request slots get no tokens."""
-        slots = self._prefill_slots(padded)
-        self.query_start_loc[:b + 1].copy_(meta.query_start_loc, non_blocking=True)
-        self.slot_mapping[t:padded].fill_(self.scratch_slot)
-        self.positions[t:padded].zero_()
-        starts = list(range(t, padded, self.prefill_pad))
-        ends = starts[1:] + [padded] if starts else []
-        tail = ends + [padded] * (slots - b - len(ends))
+        tail = ends + [padded] * (slots - b - len(ends))  # then requests with no tokens
         self.query_start_loc[b + 1:slots + 1].copy_(torch.tensor(tail, dtype=torch.int32),
                                                    non_blocking=True)
         lens = [e - s for s, e in zip(starts, ends)] + [1] * (slots - b - len(starts))
         self.seq_lens[b:slots].copy_(torch.tensor(lens, dtype=torch.int32), non_blocking=True)
-        self.block_tables[b:slots].fill_(self.scratch_block)
+        self.block_tables[b:slots, :-(-chunk // self.block_size)].fill_(self.scratch_block)
