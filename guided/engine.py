@@ -12,6 +12,7 @@ from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
 from guided.drafts import DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
+from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.step_masks import fill_step_masks
@@ -209,11 +210,11 @@ class Engine:
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 
-    def _fill_masks(self, sched: SchedulerOutput, bitmask) -> None:
+    def _fill_masks(self, sched: SchedulerOutput, bitmask) -> Bans:
         """Runs on the mask thread while the forward pass runs."""
         with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
-            fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,
-                            times=self.step_times, prefetch=self._prefetch)
+            return fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,
+                                   times=self.step_times, prefetch=self._prefetch)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:

@@ -22,6 +22,7 @@ from concurrent.futures import wait
 
 import torch
 
+from guided.fsm.bitmask_fill import Bans
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.model_runner import (
@@ -32,7 +33,7 @@ from guided.worker.model_runner import (
     StepInputs,
 )
 
-FillMasks = Callable[[SchedulerOutput, torch.Tensor], None]
+FillMasks = Callable[[SchedulerOutput, torch.Tensor], Bans]  # bans: applied on the device
 Update = Callable[[SchedulerOutput, RunnerOutput], None]
 
 
@@ -85,8 +86,8 @@ class OverlappedSteps:
                 previous = self._sample(launched, None)
             elif not self._concurrent_masks:
                 with times.phase("mask_fill"):
-                    self._fill_masks(launched[0], bitmask)
-                previous = self._sample(launched, bitmask)
+                    bans = self._fill_masks(launched[0], bitmask)
+                previous = self._sample(launched, bitmask, bans)
             else:  # filled beside the proposals, scheduling and preparing of t+2
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:
@@ -98,16 +99,16 @@ class OverlappedSteps:
             raise
         if masks is not None:
             with times.phase("mask_wait"):
-                masks.result()
-            previous = self._sample(launched, bitmask)
+                bans = masks.result()
+            previous = self._sample(launched, bitmask, bans)
         if inputs is not None:
             self._launched = (sched, runner.launch(
                 inputs, None if previous is None else previous.token_ids))
             self._scheduler.launched(sched)
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
-                bitmask: torch.Tensor | None) -> SampledStep:
-        sampled = self._runner.sample(launched[1], bitmask)
+                bitmask: torch.Tensor | None, bans: Bans | None = None) -> SampledStep:
+        sampled = self._runner.sample(launched[1], bitmask, bans)
         self._sampled = (launched[0], sampled)
         return sampled
 
@@ -132,9 +133,9 @@ class OverlappedSteps:
                     placeholders)
         return sched, inputs
 
-    def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> None:
+    def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> Bans:
         with self._times.phase("mask_fill (thread)"):
-            self._fill_masks(sched, bitmask)
+            return self._fill_masks(sched, bitmask)
 
     def drop(self) -> None:
         """After a failed step: forget the steps in flight. Their requests go back to their

@@ -12,6 +12,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from guided.fsm.matcher import Matcher
@@ -71,13 +72,40 @@ _batch_matchers: dict[int, object] = {}  # threads -> xgrammar.BatchGrammarMatch
 
 
 def apply_bans(bitmask: torch.Tensor, bans: Bans) -> None:
-    """One AND per ban (every JSON row shares one), over all rows when it covers them all."""
+    """One AND per ban (every JSON row shares one). On the host, on the words the ban clears
+    bits of only; on the device (where the runner applies a step's bans: 0.6 ms of host time
+    a step at concurrency 64 otherwise), a kernel or three."""
+    if bitmask.device.type == "cpu":
+        words = bitmask.numpy()
+        for ban, rows in bans.values():
+            if len(rows) == bitmask.shape[0]:
+                words[:, ban.columns] &= ban.column_words
+            else:
+                words[np.ix_(rows, ban.columns)] &= ban.column_words
+        return
     for ban, rows in bans.values():
-        width = ban.keep_words.shape[0]
+        keep = _on_device(ban, bitmask.device)
+        width = keep.shape[0]
         if len(rows) == bitmask.shape[0]:
-            bitmask[:, :width] &= ban.keep_words
+            bitmask[:, :width] &= keep
         else:
-            bitmask[torch.tensor(rows), :width] &= ban.keep_words
+            index = torch.tensor(rows, dtype=torch.int64).to(bitmask.device, non_blocking=True)
+            bitmask[index, :width] &= keep
+
+
+def merge_bans(into: Bans, bans: Bans) -> None:
+    for key, (ban, rows) in bans.items():
+        into.setdefault(key, (ban, []))[1].extend(rows)
+
+
+_device_bans: dict[tuple[int, torch.device], tuple[object, torch.Tensor]] = {}
+
+
+def _on_device(ban, device: torch.device) -> torch.Tensor:
+    cached = _device_bans.get((id(ban), device))
+    if cached is None or cached[0] is not ban:  # the ban is kept: ids are not reused
+        cached = _device_bans[(id(ban), device)] = (ban, ban.keep_words.to(device))
+    return cached[1]
 
 
 def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor,
@@ -108,15 +136,79 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
 
 
 def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor, *,
-                    num_threads: int) -> None:
+                    num_threads: int, bans: Bans | None = None) -> None:
     """entries: (matcher, drafts, first row). A request with drafts gets a row per verified
-    position: the mask before each draft token. Rows are filled depth by depth (every
-    request's row before its first draft, then all matchers advanced one draft, ...) so each
-    depth is one batched fill; the matchers are walked back at the end, so they only ever
-    hold committed tokens."""
+    position: the mask before each draft token. Requests without drafts are one batched fill;
+    an xgrammar matcher walks its drafts in one C++ call (traverse_draft_tree: 0.6 ms against
+    2.2 ms for 64 requests of 8 drafts, walked depth by depth from Python, on the CPU); other
+    matchers are walked depth by depth. The matchers end where they began, holding only
+    committed tokens. A draft the grammar rejects raises RuntimeError. bans: where to leave
+    the token bans for the caller (the runner ANDs them on the device); None: applied here."""
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+
+    pending: Bans = {}
+    fill_bitmasks([(m, first) for m, drafts, first in entries if not drafts], bitmask,
+                  num_threads=num_threads, bans=pending)
+    chains = [entry for entry in entries if entry[1]]
+    walked = [entry for entry in chains if not isinstance(entry[0], XGrammarMatcher)]
+    for matcher, drafts, first in chains:
+        if isinstance(matcher, XGrammarMatcher):
+            _traverse(matcher, drafts, bitmask, first, pending)
+    if walked:
+        _walk_draft_rows(walked, bitmask, num_threads, pending)
+    if bans is None:
+        apply_bans(bitmask, pending)
+    else:
+        merge_bans(bans, pending)
+    _check_drafts_allowed(chains, bitmask)
+
+
+_chains: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # drafts -> (next, sibling) links
+
+
+def _traverse(matcher, drafts: list[int], bitmask: torch.Tensor, first: int,
+              bans: Bans) -> None:
+    """The rows of one xgrammar matcher's drafts: a draft tree that is a chain (node 0 is the
+    matcher's state, node i the state after drafts[:i])."""
+    rows = bitmask[first:first + len(drafts) + 1]
+    if matcher.is_terminated():
+        rows.zero_()  # nothing allowed: the check below rejects the drafts
+        return
+    links = _chains.get(len(drafts))
+    if links is None:
+        n = len(drafts)
+        links = _chains[n] = (torch.tensor([*range(1, n + 1), -1], dtype=torch.int64),
+                              torch.full((n + 1,), -1, dtype=torch.int64))
+    matcher.xgrammar_matcher.traverse_draft_tree(
+        links[0], links[1], torch.tensor([0, *drafts], dtype=torch.int64), rows)
+    if matcher.ban is not None:
+        bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(
+            range(first, first + len(drafts) + 1))
+
+
+def _check_drafts_allowed(chains: list[tuple[Matcher, list[int], int]],
+                          bitmask: torch.Tensor) -> None:
+    """Every draft allowed by the row before it (one vectorized look at the filled rows)."""
+    if not chains:
+        return
+    rows: list[int] = []
+    tokens: list[int] = []
+    for _, drafts, first in chains:
+        rows.extend(range(first, first + len(drafts)))
+        tokens.extend(drafts)
+    ids = np.asarray(tokens, dtype=np.int64)
+    allowed = (bitmask.numpy()[rows, ids >> 5] >> (ids & 31)) & 1
+    if not allowed.all():
+        rejected = tokens[int(np.argmin(allowed))]
+        raise RuntimeError(f"jump-forward draft token {rejected} rejected by the grammar")
+
+
+def _walk_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor,
+                     num_threads: int, bans: Bans) -> None:
+    """Rows filled depth by depth (the row before every request's next draft, then all
+    matchers advanced one draft, ...), each depth one batched fill; walked back at the end."""
     level = entries
     accepted: dict = {}  # matcher -> drafts it accepted here
-    bans: Bans = {}
     try:
         depth = 0
         while level:
@@ -133,7 +225,6 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
             depth += 1
     finally:
         rollback_all(accepted)
-    apply_bans(bitmask, bans)
 
 
 def accept_tokens(pairs: list[tuple[Matcher, int]]) -> list[bool]:

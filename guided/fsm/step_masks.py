@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from guided.fsm.bitmask_fill import fill_draft_rows
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
 
 def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
-                    times: StepTimes, prefetch: MaskPrefetch | None = None) -> None:
+                    times: StepTimes, prefetch: MaskPrefetch | None = None) -> Bans:
     """Rows filled ahead (prefetch) are copied, the rest filled from the matchers (which hold
     the committed tokens only). Rows whose tokens will be dropped allow everything (overlapped
     scheduling): those of requests that finished since the step was scheduled, of voided
-    entries, and of drafts anchored on a token the previous step did not sample."""
+    entries, and of drafts anchored on a token the previous step did not sample. Returns the
+    token bans still to apply to the rows (on the device, after the copy)."""
     entries: list = []  # (matcher, drafts, first row) still to fill
     src: list[int] = []
     dst: list[int] = []
@@ -42,5 +43,7 @@ def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_thread
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
+    bans: Bans = {}
     if entries:
-        fill_draft_rows(entries, bitmask, num_threads=num_threads)
+        fill_draft_rows(entries, bitmask, num_threads=num_threads, bans=bans)
+    return bans

@@ -12,19 +12,22 @@ from itertools import pairwise
 import torch
 
 from guided.config import EngineConfig
+from guided.fsm.bitmask_fill import Bans, apply_bans
 from guided.kernels.bitmask import masked_sample
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
+from guided.worker.host_bitmasks import HostBitmasks
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
 from guided.worker.sampler import DeviceSample, SamplingRows, position_seed, sample_on_device
 
 log = logging.getLogger(__name__)
 
-# fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows, in their order
-MaskFiller = Callable[[torch.Tensor], None]
+# fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows, in their order,
+# and returns the token bans left to apply (on the device)
+MaskFiller = Callable[[torch.Tensor], Bans]
 
 
 @dataclass(slots=True)
@@ -118,6 +121,7 @@ class ModelRunner:
                               cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
+        self._bitmasks = HostBitmasks(self.mask_words, self.device)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
@@ -273,20 +277,16 @@ class ModelRunner:
         if bitmask_host is not None:
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
         launched = self.launch(inputs)
+        bans = None
         if mask_job is not None:
             with self.times.phase("mask_wait"):
-                mask_job.result()
-        step = self.sample(launched, bitmask_host)
+                bans = mask_job.result()
+        step = self.sample(launched, bitmask_host, bans)
         with self.times.phase("sample_and_sync"):
             return step.result()
 
     def new_bitmask(self, num_rows: int) -> torch.Tensor | None:
-        if not num_rows:
-            return None
-        # a normal tensor: the filler thread is outside inference mode (it is thread-local)
-        with torch.inference_mode(False):
-            return torch.empty(num_rows, self.mask_words, dtype=torch.int32,
-                               pin_memory=self.device.type == "cuda")
+        return self._bitmasks.take(num_rows) if num_rows else None
 
     @torch.inference_mode()
     def launch(self, inputs: StepInputs, previous: torch.Tensor | None = None) -> LaunchedStep:
@@ -305,14 +305,18 @@ class ModelRunner:
         return LaunchedStep(inputs, logits)
 
     @torch.inference_mode()
-    def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None) -> SampledStep:
-        """Queue the masked sampling and the copy of its ids to the host (not waited for)."""
+    def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
+               bans: Bans | None = None) -> SampledStep:
+        """Queue the masked sampling and the copy of its ids to the host (not waited for).
+        bans: token bans the mask filler left to apply to the rows (here, on the device)."""
         inputs = launched.inputs
         if launched.logits is None:
             return SampledStep(inputs, None)
         bitmask = mask_rows = None
         if bitmask_host is not None:
-            bitmask = bitmask_host.to(self.device, non_blocking=True)
+            bitmask = self._bitmasks.to_device(bitmask_host)
+            if bans:
+                apply_bans(bitmask, bans)
             mask_rows = torch.tensor(inputs.mask_rows, dtype=torch.int32).to(self.device,
                                                                              non_blocking=True)
         with self.times.phase("sample_launch"):

@@ -172,6 +172,14 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
                   min_parallel_rows=2)
     bits = ((rows.unsqueeze(2) >> torch.arange(32)) & 1).flatten(1)[:, :len(token_bytes)]
     assert bits.sum() > 0 and not bits[:, control].any()
+    # rows a ban does not cover (here: -1, as a finished request's) keep every bit, and the
+    # covered ones equal the one-row fill's
+    spread = torch.full((5, bitmask.shape[1]), -1, dtype=torch.int32)
+    fill_bitmasks([(m, 2 * i) for i, m in enumerate(matchers)], spread, num_threads=1)
+    assert (spread[1] == -1).all() and (spread[3] == -1).all()
+    for i, m in enumerate(matchers):
+        m.fill_bitmask(bitmask, 0)
+        assert torch.equal(spread[2 * i], bitmask[0]) and torch.equal(spread[2 * i], rows[i])
 
 
 @pytest.mark.parametrize("low,high", [(0, 10), (3, 64), (0, 65), (60, 130), (128, 128),

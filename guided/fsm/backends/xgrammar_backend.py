@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -18,6 +19,10 @@ class TokenBan(NamedTuple):
     """Tokens a grammar must never allow, whatever its own masks say."""
     keep_words: torch.Tensor  # int32 bitmask words, bits of the banned tokens cleared
     ids: frozenset[int]  # the banned token ids (accept_token's check)
+    # the words with a cleared bit, and those words: a batch's rows are ANDed there only
+    # (125 of 1536 words for SmolLM2's JSON ban; the whole width cost ~0.5 ms a step at 64)
+    columns: np.ndarray
+    column_words: np.ndarray
 
 
 class XGrammarBackend:
@@ -51,7 +56,8 @@ class XGrammarBackend:
             weights = 1 << torch.arange(32, dtype=torch.int64)
             words = (keep.view(-1, 32).long() * weights).sum(1)
             words = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
-            self._json_ban = TokenBan(words, banned)
+            columns = (words != -1).nonzero().flatten().numpy()
+            self._json_ban = TokenBan(words, banned, columns, words.numpy()[columns])
         return self._json_ban
 
     def json_options(self) -> dict:
