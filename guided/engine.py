@@ -288,8 +288,7 @@ class Engine:
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""
         params = request.params
-        if request.matcher is not None and not all(
-                m.accept_token(token) for m in request.committed_matchers):
+        if request.matcher is not None and not request.accept_committed(token):
             request.error_type = "internal"
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True
@@ -311,7 +310,7 @@ class Engine:
                 request.text = request.text[:hit[0]]
                 self._finish(request, "stop", stop_reason=hit[1])
                 return True
-        if request.matcher is not None and request.matcher.is_terminated():
+        if request.matcher is not None and request.matcher.ended_with(token):
             self._finish(request, "stop")
             return True
         if len(request.output_token_ids) >= request.max_tokens:

@@ -98,7 +98,7 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
         if not matcher.accept_token(token):
             break
         accepted += 1
-        if matcher.is_terminated():
+        if matcher.ended_with(token):
             break
     matcher.rollback(accepted)
     return draft_ids[:accepted]
@@ -113,7 +113,7 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
     continuation, then up to lookup_tokens prompt-lookup tokens after it (from `lookup`, the
     request's indexed tokens, followed by `unindexed`: the last of output_ids, not committed
     yet); the whole draft cut to what the grammar accepts."""
-    if max_tokens <= 0 or matcher.is_terminated():
+    if max_tokens <= 0:  # a terminated matcher forces nothing and accepts no draft
         return [], 0
     forced = matcher.forced_string()
     draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens] if forced else []

@@ -31,6 +31,12 @@ class Matcher(ABC):
     def is_terminated(self) -> bool:
         """True once EOS was accepted: nothing more may follow."""
 
+    def ended_with(self, token_id: int) -> bool:
+        """Right after accept_token(token_id): did that token end the grammar? Only a stop
+        token can, so a backend that knows its stop tokens answers without asking (a call
+        saved per sampled token)."""
+        return self.is_terminated()
+
     @abstractmethod
     def forced_string(self) -> bytes:
         """Bytes the grammar forces from here (b"" if none or terminated); never raises."""

@@ -90,15 +90,13 @@ class Request:
             return self.output_token_ids[index]
         return self.draft_token_ids[index - len(self.output_token_ids)]
 
-    @property
-    def committed_matchers(self) -> tuple[Matcher, ...]:
-        """The matchers each committed token goes to: `matcher`, and the draft matcher where
-        it is a second one."""
-        if self.matcher is None:
-            return ()
-        if self.draft_matcher is None or self.draft_matcher is self.matcher:
-            return (self.matcher,)
-        return (self.matcher, self.draft_matcher)
+    def accept_committed(self, token: int) -> bool:
+        """Feed a committed token to `matcher`, and to the draft matcher where that is a
+        second one; False if the grammar rejects it. Constrained requests only."""
+        if not self.matcher.accept_token(token):
+            return False
+        draft = self.draft_matcher
+        return draft is None or draft is self.matcher or draft.accept_token(token)
 
     @property
     def in_flight(self) -> bool:

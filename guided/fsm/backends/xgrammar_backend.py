@@ -115,7 +115,8 @@ class XGrammarMatcher(Matcher):
         return self._matcher
 
     def accept_token(self, token_id: int) -> bool:
-        if not 0 <= token_id < self._num_tokens or self._matcher.is_terminated():
+        # xgrammar's own accept answers False once terminated: no is_terminated call first
+        if not 0 <= token_id < self._num_tokens:
             return False
         if self.ban is not None and token_id in self.ban.ids:
             return False
@@ -135,6 +136,9 @@ class XGrammarMatcher(Matcher):
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
+
+    def ended_with(self, token_id: int) -> bool:
+        return token_id in self._eos and self._matcher.is_terminated()
 
     def forced_string(self) -> bytes:
         if self._matcher.is_terminated():  # find_jump_forward_string raises once terminated
