@@ -91,3 +91,32 @@ def test_a_rejected_draft_leaves_every_matcher_at_its_committed_tokens(compiler,
     for m in matchers:  # each accepts what follows its committed tokens, once
         assert all(m.accept_token(t) for t in a)
         m.rollback(len(a))
+
+
+def test_draft_rows_split_over_threads_equal_one_thread(compiler, tokenizer, monkeypatch):
+    """A costly batch of drafts is walked on several threads (traverse_draft_tree releases
+    the GIL): the same rows, the matchers back at their committed tokens."""
+    from guided.fsm import bitmask_fill
+
+    grammar = compiler.compile(SCHEMA, timeout=60)
+    prefix = tokenizer.encode('{"name": "x", "tags": [', add_special_tokens=False)
+    texts = ['"a"', '"bc", "a"', '"a", "a"', '"bc"', '', '"a", "bc", "bc"']
+    entries, row = [], 0
+    for text in texts:
+        matcher = grammar.matcher()
+        assert all(matcher.accept_token(t) for t in prefix)
+        drafts = tokenizer.encode(text, add_special_tokens=False)
+        entries.append((matcher, drafts, row))
+        row += len(drafts) + 1
+    serial = torch.zeros(row, WORDS, dtype=torch.int32)
+    fill_draft_rows(entries, serial, num_threads=1)
+    monkeypatch.setattr(bitmask_fill, "_row_seconds", 1.0)  # every batch "costly"
+    calls = []
+    monkeypatch.setattr(bitmask_fill, "_get_pool", lambda n: calls.append(n) or
+                        ThreadPoolExecutor(n))
+    threaded = torch.zeros(row, WORDS, dtype=torch.int32)
+    fill_draft_rows(entries, threaded, num_threads=2)
+    assert calls and torch.equal(serial, threaded)
+    a = tokenizer.encode('"a"', add_special_tokens=False)
+    for matcher, _, _ in entries:
+        assert all(matcher.accept_token(t) for t in a)
