@@ -168,8 +168,10 @@ _chains: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # drafts -> (next, s
 # traverse_draft_tree runs without the GIL, so a costly batch is split over threads. What a row
 # costs depends on the grammar state (~3 us in JSON structure, ~30 us deep in a length-bounded
 # string on the CPU; a random model's long strings cost 6-16 ms of fills a step): threads only
-# where the rows' measured cost says a batch takes longer than a hand-off
-PARALLEL_FILL_SECONDS = 1e-3
+# where the rows' measured cost says a batch takes longer than hand-offs and GIL round trips
+# (the default model's batches, ~1-1.5 ms at 64, stay on one thread; the random 8B's go out:
+# its fills fell from 6.9 to 1.4 ms a step at 64, results/paired_8b_s6.md)
+PARALLEL_FILL_SECONDS = 2e-3
 _row_seconds = 0.0  # running estimate of one row's fill
 
 
