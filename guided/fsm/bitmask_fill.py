@@ -147,7 +147,7 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
     the token bans for the caller (the runner ANDs them on the device); None: applied here."""
     from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 
-    pending: Bans = {}
+    pending: Bans = {} if bans is None else bans
     fill_bitmasks([(m, first) for m, drafts, first in entries if not drafts], bitmask,
                   num_threads=num_threads, bans=pending)
     chains = [entry for entry in entries if entry[1]]
@@ -158,8 +158,6 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
         _walk_draft_rows(walked, bitmask, num_threads, pending)
     if bans is None:
         apply_bans(bitmask, pending)
-    else:
-        merge_bans(bans, pending)
     _check_drafts_allowed(chains, bitmask)
 
 
