@@ -51,6 +51,11 @@ class EngineConfig:
     grammar_cache_size: int = 512
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
+    # processes filling constrained requests' mask rows beside the step loop, from mirror
+    # matchers (guided/fsm/mask_shards.py); None: on a GPU a quarter of the cores, up to 4
+    # (the step loop's own grammar work is what bounds a small model's constrained batches),
+    # on the CPU none; 0: every row filled in the engine's process
+    mask_processes: int | None = None
 
     # GPU execution
     cuda_graphs: bool = True
@@ -98,6 +103,8 @@ class EngineConfig:
              "max_draft_tokens_per_step must be >= 0 (or None)", "max_draft_tokens_per_step")
         need(self.lookup_draft_tokens >= 0, "lookup_draft_tokens must be >= 0",
              "lookup_draft_tokens")
+        need(self.mask_processes is None or 0 <= self.mask_processes <= 64,
+             "mask_processes must lie in [0, 64] (or None for automatic)", "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
              "max_jump_forward_tokens")
 

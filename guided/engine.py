@@ -15,7 +15,8 @@ from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.mask_prefetch import MaskPrefetch
-from guided.fsm.step_masks import fill_step_masks
+from guided.fsm.mask_shards import MaskShards, num_mask_shards
+from guided.fsm.step_masks import fill_step_masks, start_step_masks
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
@@ -24,7 +25,7 @@ from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker import loader
-from guided.worker.model_runner import ModelRunner
+from guided.worker.model_runner import ModelRunner, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,10 @@ class Engine:
             raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
         self.step_times = StepTimes()
+        self._num_mask_shards = num_mask_shards(config, resolve_device(config))
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
-                                  step_times=self.step_times)
+                                  step_times=self.step_times,
+                                  shared_masks=self._num_mask_shards > 0)
         del state
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
@@ -57,6 +60,7 @@ class Engine:
         self._encoder = CachedEncoder(self.tokenizer)  # retokenizes forced text
         self._decode = fast_decode(self.tokenizer)  # incremental detokenization
         self._compiler = None
+        self._shards: MaskShards | None = None  # started with the compiler
         self._drafts: DraftProposer | None = None
         self.requests: dict[str, Request] = {}
         self._to_propose: list[Request] = []  # moved on by the last update, drafts to make
@@ -66,12 +70,15 @@ class Engine:
                         else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
         self._overlapped = OverlappedSteps(
             self.runner, self.scheduler, self.step_times,
-            fill_masks=lambda sched, bitmask: fill_step_masks(
-                sched, bitmask, num_threads=config.mask_threads, times=self.step_times),
+            start_masks=lambda sched, bitmask: start_step_masks(
+                sched, bitmask, num_threads=config.mask_threads, times=self.step_times,
+                shards=self._shards, segment=self.runner.bitmask_segment(bitmask)),
             update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
             propose=self._propose, concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
+        if self._num_mask_shards:
+            self.compiler  # starts the shards now: they take seconds to import
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
                  "max_model_len %d, %s scheduling", time.perf_counter() - t0, config.model,
                  self.runner.device, str(self.runner.dtype).removeprefix("torch."),
@@ -87,6 +94,9 @@ class Engine:
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
+            if self._num_mask_shards:
+                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
+                                          self._num_mask_shards)
         return self._compiler
 
     @property
@@ -196,7 +206,7 @@ class Engine:
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
             self._propose()
-            if any(constrained):
+            if any(constrained) and self._shards is None:
                 self._prefetch.start([r for r in self.scheduler.running
                                       if r.matcher is not None and not r.is_finished])
         return self._collect_outputs()
@@ -214,7 +224,9 @@ class Engine:
         """Runs on the mask thread while the forward pass runs."""
         with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
             return fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,
-                                   times=self.step_times, prefetch=self._prefetch)
+                                   times=self.step_times, prefetch=self._prefetch,
+                                   shards=self._shards,
+                                   segment=self.runner.bitmask_segment(bitmask))
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
@@ -324,6 +336,8 @@ class Engine:
     def _finish(self, request: Request, reason: str, *, error: str | None = None,
                 stop_reason=None) -> None:
         request.draft_token_ids, request.draft_anchor = [], None
+        if self._shards is not None:
+            self._shards.release(request.request_id)
         self.scheduler.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -374,6 +388,9 @@ class Engine:
             requests_finished_total=dict(s.requests_finished_total))
 
     def shutdown(self) -> None:
+        if self._shards is not None:
+            self._shards.shutdown()
         if self._compiler is not None:
             self._compiler.shutdown()
         self.runner.shutdown()
+

@@ -23,6 +23,7 @@ from concurrent.futures import wait
 import torch
 
 from guided.fsm.bitmask_fill import Bans
+from guided.fsm.step_masks import MaskFill
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.model_runner import (
@@ -33,18 +34,19 @@ from guided.worker.model_runner import (
     StepInputs,
 )
 
-FillMasks = Callable[[SchedulerOutput, torch.Tensor], Bans]  # bans: applied on the device
+# starts filling a step's masks: filled here, or partly by mask shards still working
+StartMasks = Callable[[SchedulerOutput, torch.Tensor], MaskFill]
 Update = Callable[[SchedulerOutput, RunnerOutput], None]
 
 
 class OverlappedSteps:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
-                 fill_masks: FillMasks, update: Update, propose: Callable[[], None],
+                 start_masks: StartMasks, update: Update, propose: Callable[[], None],
                  concurrent_masks: bool = False):
         self._runner = runner
         self._scheduler = scheduler
         self._times = times
-        self._fill_masks = fill_masks
+        self._start_masks = start_masks
         self._update = update
         self._propose = propose  # t+2's drafts, from the requests' draft matchers
         self._concurrent_masks = concurrent_masks
@@ -79,15 +81,18 @@ class OverlappedSteps:
                 self._update(sched, result)
         launched = self._launched
         self._launched = None
-        bitmask = masks = previous = None
+        bitmask = masks = fill = previous = None
         if launched is not None:
             bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
             if bitmask is None:  # nothing to wait for: t+1 samples while the host goes on
                 previous = self._sample(launched, None)
             elif not self._concurrent_masks:
                 with times.phase("mask_fill"):
-                    bans = self._fill_masks(launched[0], bitmask)
-                previous = self._sample(launched, bitmask, bans)
+                    fill = self._start_masks(launched[0], bitmask)
+                if fill.pending is None:  # all filled here: sample now
+                    previous = self._sample(launched, bitmask, fill.bans)
+                    fill = None
+                # else mask shards fill the rest beside the proposals, scheduling, preparing
             else:  # filled beside the proposals, scheduling and preparing of t+2
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:
@@ -96,7 +101,13 @@ class OverlappedSteps:
         except BaseException:
             if masks is not None:
                 wait([masks])  # the fill walks matchers: let it end before anyone else does
+            if fill is not None:
+                fill.wait()  # the shards' replies are taken before the step fails
             raise
+        if fill is not None:
+            with times.phase("mask_wait"):
+                bans = fill.wait()
+            previous = self._sample(launched, bitmask, bans)
         if masks is not None:
             with times.phase("mask_wait"):
                 bans = masks.result()
@@ -135,7 +146,7 @@ class OverlappedSteps:
 
     def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> Bans:
         with self._times.phase("mask_fill (thread)"):
-            return self._fill_masks(sched, bitmask)
+            return self._start_masks(sched, bitmask).wait()
 
     def drop(self) -> None:
         """After a failed step: forget the steps in flight. Their requests go back to their

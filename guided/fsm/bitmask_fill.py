@@ -200,39 +200,50 @@ def _traverse_all(chains: list, bitmask: torch.Tensor, num_threads: int, bans: B
 
 def _traverse(matcher, drafts: list[int], bitmask: torch.Tensor, first: int,
               bans: Bans) -> None:
-    """The rows of one xgrammar matcher's drafts: a draft tree that is a chain (node 0 is the
-    matcher's state, node i the state after drafts[:i])."""
     rows = bitmask[first:first + len(drafts) + 1]
     if matcher.is_terminated():
         rows.zero_()  # nothing allowed: the check below rejects the drafts
         return
-    links = _chains.get(len(drafts))
-    if links is None:
-        n = len(drafts)
-        links = _chains[n] = (torch.tensor([*range(1, n + 1), -1], dtype=torch.int64),
-                              torch.full((n + 1,), -1, dtype=torch.int64))
-    matcher.xgrammar_matcher.traverse_draft_tree(
-        links[0], links[1], torch.tensor([0, *drafts], dtype=torch.int64), rows)
+    traverse_chain(matcher.xgrammar_matcher, drafts, rows)
     if matcher.ban is not None:
         bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(
             range(first, first + len(drafts) + 1))
 
 
+def traverse_chain(xgrammar_matcher, drafts: list[int], rows: torch.Tensor) -> None:
+    """The rows of one live xgrammar matcher's drafts: a draft tree that is a chain (node 0 is
+    the matcher's state, node i the state after drafts[:i]); the matcher is left as it was."""
+    links = _chains.get(len(drafts))
+    if links is None:
+        n = len(drafts)
+        links = _chains[n] = (torch.tensor([*range(1, n + 1), -1], dtype=torch.int64),
+                              torch.full((n + 1,), -1, dtype=torch.int64))
+    xgrammar_matcher.traverse_draft_tree(
+        links[0], links[1], torch.tensor([0, *drafts], dtype=torch.int64), rows)
+
+
 def _check_drafts_allowed(chains: list[tuple[Matcher, list[int], int]],
                           bitmask: torch.Tensor) -> None:
-    """Every draft allowed by the row before it (one vectorized look at the filled rows)."""
+    error = rejected_draft([(drafts, first) for _, drafts, first in chains], bitmask)
+    if error is not None:
+        raise RuntimeError(error)
+
+
+def rejected_draft(chains: list[tuple[list[int], int]], bitmask: torch.Tensor) -> str | None:
+    """Every draft allowed by the row before it (one vectorized look at the filled rows);
+    chains: (drafts, first row). The error naming a rejected draft, else None."""
     if not chains:
-        return
+        return None
     rows: list[int] = []
     tokens: list[int] = []
-    for _, drafts, first in chains:
+    for drafts, first in chains:
         rows.extend(range(first, first + len(drafts)))
         tokens.extend(drafts)
     ids = np.asarray(tokens, dtype=np.int64)
     allowed = (bitmask.numpy()[rows, ids >> 5] >> (ids & 31)) & 1
-    if not allowed.all():
-        rejected = tokens[int(np.argmin(allowed))]
-        raise RuntimeError(f"jump-forward draft token {rejected} rejected by the grammar")
+    if allowed.all():
+        return None
+    return f"jump-forward draft token {tokens[int(np.argmin(allowed))]} rejected by the grammar"
 
 
 def _walk_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor,

@@ -93,6 +93,11 @@ class GrammarCompiler:
     def shutdown(self) -> None:
         self._pool.shutdown()
 
+    @property
+    def xgrammar_tokenizer_info(self):
+        """The xgrammar TokenizerInfo its grammars are compiled for (mask shards load it)."""
+        return self._xgrammar.tokenizer_info
+
     def cache_len(self) -> int:
         with self._lock:
             return len(self._cache)

@@ -2,22 +2,48 @@
 row before every draft, then the bonus row), in the order the runner lays out sampled rows."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows
 from guided.fsm.mask_prefetch import MaskPrefetch
+from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
 
-def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
-                    times: StepTimes, prefetch: MaskPrefetch | None = None) -> Bans:
-    """Rows filled ahead (prefetch) are copied, the rest filled from the matchers (which hold
-    the committed tokens only). Rows whose tokens will be dropped allow everything (overlapped
-    scheduling): those of requests that finished since the step was scheduled, of voided
-    entries, and of drafts anchored on a token the previous step did not sample. Returns the
-    token bans still to apply to the rows (on the device, after the copy)."""
-    entries: list = []  # (matcher, drafts, first row) still to fill
+@dataclass(eq=False)
+class MaskFill:
+    """A step's rows: filled, or partly still being filled by mask shards."""
+    bitmask: torch.Tensor
+    bans: Bans  # token bans still to apply to the rows (on the device, after the copy)
+    pending: PendingFill | None  # shards' rows to wait for
+    num_threads: int
+
+    def wait(self) -> Bans:
+        """Every row filled; raises RuntimeError where a draft is rejected by its grammar."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            failed, error = pending.wait()
+            if failed:  # a shard failed: the engine's own matchers fill its rows
+                fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
+                                bans=self.bans)
+            if error is not None:
+                raise RuntimeError(error)
+        return self.bans
+
+
+def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
+                     times: StepTimes, prefetch: MaskPrefetch | None = None,
+                     shards: MaskShards | None = None,
+                     segment: tuple[str, int] | None = None) -> MaskFill:
+    """Rows filled ahead (prefetch) are copied, rows of requests mirrored in a mask shard sent
+    to it (segment: the shared file bitmask lies in), the rest filled here from the matchers
+    (which hold the committed tokens only). Rows whose tokens will be dropped allow everything
+    (overlapped scheduling): those of requests that finished since the step was scheduled, of
+    voided entries, and of drafts anchored on a token the previous step did not sample."""
+    entries: list = []  # (request, drafts, first row) still to fill
     src: list[int] = []
     dst: list[int] = []
     row = 0
@@ -33,17 +59,38 @@ def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_thread
             bitmask[row:row + num_rows] = -1
         elif item.drafts_void:
             bitmask[row + 1:row + num_rows] = -1
-            entries.append((request.matcher, [], row))
+            entries.append((request, [], row))
         elif ahead is not None:
             src.extend(range(ahead, ahead + num_rows))
             dst.extend(range(row, row + num_rows))
         else:
-            entries.append((request.matcher, drafts, row))
+            entries.append((request, drafts, row))
         row += num_rows
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
     bans: Bans = {}
-    if entries:
-        fill_draft_rows(entries, bitmask, num_threads=num_threads, bans=bans)
-    return bans
+    pending = None
+    if shards is not None and entries:
+        local, remote, pending = shards.dispatch(entries, segment)
+        for matcher, drafts, first in remote:
+            if matcher.ban is not None:
+                bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(
+                    range(first, first + len(drafts) + 1))
+        if remote:
+            times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
+    else:
+        local = [(request.matcher, drafts, first) for request, drafts, first in entries]
+    fill = MaskFill(bitmask, bans, pending, num_threads)
+    if local:
+        try:
+            fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans)
+        except BaseException:
+            fill.wait()  # the shards' replies are taken before the step fails
+            raise
+    return fill
+
+
+def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, **kwargs) -> Bans:
+    """start_step_masks, waited for: every row filled. Returns the bans left to apply."""
+    return start_step_masks(sched, bitmask, **kwargs).wait()

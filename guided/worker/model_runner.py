@@ -100,7 +100,8 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig,
                  state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int,
-                 step_times: StepTimes | None = None):
+                 step_times: StepTimes | None = None, shared_masks: bool = False):
+        """shared_masks: mask rows in files mapped in memory, for mask shard processes."""
         self.config = config
         self.times = step_times or StepTimes()
         self.model_config = model_config
@@ -121,7 +122,7 @@ class ModelRunner:
                               cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
-        self._bitmasks = HostBitmasks(self.mask_words, self.device)
+        self._bitmasks = HostBitmasks(self.mask_words, self.device, shared=shared_masks)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
@@ -288,6 +289,10 @@ class ModelRunner:
     def new_bitmask(self, num_rows: int) -> torch.Tensor | None:
         return self._bitmasks.take(num_rows) if num_rows else None
 
+    def bitmask_segment(self, bitmask: torch.Tensor) -> tuple[str, int] | None:
+        """(file, capacity in rows) where a shared bitmask lies, for mask shards; else None."""
+        return self._bitmasks.segment_of(bitmask)
+
     @torch.inference_mode()
     def launch(self, inputs: StepInputs, previous: torch.Tensor | None = None) -> LaunchedStep:
         """Queue the forward pass and the logits. previous: the last step's sampled ids on the
@@ -386,3 +391,4 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False)
+        self._bitmasks.release()

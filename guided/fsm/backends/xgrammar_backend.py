@@ -101,11 +101,12 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban")
+    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban", "compiled")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
+        self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None

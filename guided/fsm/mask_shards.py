@@ -1,0 +1,353 @@
+"""Mask shards: processes that fill the mask rows of constrained requests beside the step loop.
+
+At concurrency 256 the grammar work of a step (accepting 233 requests' tokens, filling their
+rows, walking their drafts) costs the step loop ~6 ms of host time on an H200, more than a small
+model's forward pass, and threads cannot take it over: the Python around xgrammar's GIL-free
+calls contends with the loop's own (concurrent_masks, measured slower in session 5). Here each
+shard process holds a mirror matcher per request placed on it, fed the request's committed
+tokens with each step's fills, and writes its rows into the step's mask buffer, a file mapped by
+both processes (HostBitmasks(shared=True)). The loop sends one message per shard, goes on with
+its own work, and collects one reply per shard before the step samples.
+
+The engine keeps its own matchers (drafts, token checks, ends), so a row is filled in-process
+whenever a mirror cannot: a shard still starting, a grammar still being serialized on the
+background thread or loaded in the shard (a cold grammar never waits for shipping), a grammar
+too large to ship, a shard that failed (its requests go on in-process; the engine never
+depends on a shard being alive). Only xgrammar grammars are shipped
+(CompiledGrammar.serialize_json).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections import Counter, OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Listener
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+MAX_SHIPPED_BYTES = 4 << 20  # larger compiled grammars stay in-process (serializing: ~0.1 s/MB)
+CACHED_GRAMMARS = 256  # unused grammars a shard keeps loaded for the next request
+PLACEMENT_SLACK = 8  # more mirrors a shard may hold than the emptiest to reuse a loaded grammar
+
+Entry = tuple  # (matcher, drafts, first row)
+
+
+@dataclass(eq=False)
+class _Shard:
+    index: int
+    process: subprocess.Popen
+    conn: object
+    ready: bool = False
+    dead: bool = False
+    num_mirrors: int = 0
+    users: Counter = field(default_factory=Counter)  # gid -> mirrors placed here
+    loaded: OrderedDict = field(default_factory=OrderedDict)  # gids loaded, least recent first
+    loading: set = field(default_factory=set)  # gids sent or still serializing
+    unsent: list = field(default_factory=list)  # gids to send once serialized
+    opens: list = field(default_factory=list)  # (request_id, gid) for the next step message
+    closes: list = field(default_factory=list)  # request_ids for the next step message
+
+
+@dataclass(slots=True, eq=False)
+class _Mirror:
+    shard: _Shard | None  # None: filled in-process for good
+    gid: int
+    opened: bool = False
+    synced: int = 0  # output tokens the mirror has accepted
+
+
+def num_mask_shards(config, device) -> int:
+    """Shard processes for an engine (config.mask_processes; None: see EngineConfig)."""
+    if config.mask_processes is not None:
+        return config.mask_processes
+    return min(4, (os.cpu_count() or 1) // 4) if device.type == "cuda" else 0
+
+
+class PendingFill:
+    """The shards' replies a step still waits for."""
+
+    def __init__(self, shards: "MaskShards", sent: list):
+        self._shards = shards
+        self._sent = sent  # (shard, seq, entries it fills)
+
+    def wait(self) -> tuple[list[Entry], str | None]:
+        """Blocks for the replies: (entries whose shard failed, to fill in-process; the first
+        rejected-draft error, else None)."""
+        return self._shards._collect(self._sent)
+
+
+class MaskShards:
+    def __init__(self, tokenizer_info, num_shards: int, *,
+                 max_shipped_bytes: int = MAX_SHIPPED_BYTES):
+        self.num_shards = num_shards
+        self.max_shipped_bytes = max_shipped_bytes
+        self._shards: list[_Shard] = []
+        self._lock = threading.RLock()
+        self._serializer = ThreadPoolExecutor(1, thread_name_prefix="grammar-serialize")
+        self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
+        self._next_gid = 0
+        self._jsons: dict[int, Future] = {}  # gid -> serialized, until sent (None: failed)
+        self._unshippable: set[int] = set()
+        self._mirrors: dict[str, _Mirror] = {}
+        self._seq = 0
+        self._closed = False
+        # spawned off the step loop: a shard imports torch and xgrammar (seconds)
+        self._starter = threading.Thread(target=self._start, args=(tokenizer_info,),
+                                         name="mask-shards-start", daemon=True)
+        self._starter.start()
+
+    def _start(self, tokenizer_info) -> None:
+        """Each shard is `python -m guided.fsm.mask_shard_worker`, connected back over a local
+        socket (not multiprocessing's spawn, which re-imports the caller's __main__)."""
+        try:
+            info_json = tokenizer_info.serialize_json()
+            authkey = secrets.token_bytes(16)
+            folder = tempfile.mkdtemp(prefix="guided-shards-")
+            with Listener(os.path.join(folder, "socket"), "AF_UNIX", authkey=authkey) as listener:
+                env = {**os.environ, "GUIDED_SHARD_AUTHKEY": authkey.hex()}
+                for index in range(self.num_shards):
+                    process = subprocess.Popen(
+                        [sys.executable, "-m", "guided.fsm.mask_shard_worker", listener.address],
+                        env=env, stdin=subprocess.DEVNULL)
+                    conn = listener.accept()
+                    conn.send(info_json)
+                    with self._lock:
+                        if self._closed:
+                            process.kill()
+                            return
+                        self._shards.append(_Shard(index, process, conn))
+            os.rmdir(folder)
+            log.info("mask shards: %d processes started", self.num_shards)
+        except Exception:  # noqa: BLE001 - every row is then filled in-process
+            log.exception("mask shards did not start; grammar masks stay in-process")
+
+    @property
+    def num_ready(self) -> int:
+        return sum(1 for shard in self._live())
+
+    def _live(self) -> list[_Shard]:
+        live = []
+        for shard in self._shards:
+            if shard.dead:
+                continue
+            if not shard.ready:
+                try:
+                    if shard.conn.poll():
+                        shard.ready = shard.conn.recv() == ("ready",)
+                except (EOFError, OSError):
+                    self._fail(shard, "exited while starting")
+                    continue
+            if shard.ready:
+                live.append(shard)
+        return live
+
+    # -- a step --------------------------------------------------------------------------------
+    def dispatch(self, entries: list[tuple], segment: tuple[str, int] | None
+                 ) -> tuple[list[Entry], list[Entry], PendingFill | None]:
+        """entries: (request, drafts, first row) of live constrained requests. Sends the rows
+        whose mirror is ready to the shards; returns (entries to fill in-process, entries sent,
+        the replies to wait for), entries as (matcher, drafts, first row)."""
+        try:
+            return self._dispatch(entries, segment)
+        except Exception:  # noqa: BLE001 - a fault here must not fail the step
+            log.exception("mask shards failed; grammar masks stay in-process")
+            with self._lock:
+                for shard in self._shards:
+                    self._fail(shard, "dispatch failed")
+            return [(r.matcher, d, first) for r, d, first in entries], [], None
+
+    def _dispatch(self, entries: list[tuple], segment: tuple[str, int] | None
+                  ) -> tuple[list[Entry], list[Entry], PendingFill | None]:
+        with self._lock:
+            live = self._live() if segment is not None else []
+            if not live:
+                return [(r.matcher, d, first) for r, d, first in entries], [], None
+            self._send_loads(live)
+            local: list[Entry] = []
+            fills: dict[_Shard, tuple[list, list[Entry]]] = {}
+            mirrors = self._mirrors
+            for request, drafts, first in entries:
+                mirror = mirrors.get(request.request_id)
+                if mirror is None:
+                    mirror = mirrors[request.request_id] = self._place(request.matcher, live)
+                shard = mirror.shard
+                if shard is None or shard.dead or mirror.gid not in shard.loaded:
+                    local.append((request.matcher, drafts, first))
+                    continue
+                if not mirror.opened:
+                    shard.opens.append((request.request_id, mirror.gid))
+                    shard.loaded.move_to_end(mirror.gid)
+                    mirror.opened = True
+                out = request.output_token_ids
+                messages, mine = fills.setdefault(shard, ([], []))
+                messages.append((request.request_id, out[mirror.synced:], drafts, first))
+                mine.append((request.matcher, drafts, first))
+                mirror.synced = len(out)
+            for shard in live:  # a shard loading grammars is asked for news each step
+                if shard not in fills and shard.loading.difference(shard.unsent):
+                    fills[shard] = ([], [])
+            path, capacity = segment
+            sent = []
+            for shard, (messages, mine) in fills.items():
+                self._seq += 1
+                try:
+                    shard.conn.send(("step", self._seq, path, capacity, shard.opens,
+                                     shard.closes, messages))
+                except (OSError, ValueError):
+                    self._fail(shard, "its pipe closed")
+                    local.extend(mine)
+                    continue
+                shard.opens, shard.closes = [], []
+                sent.append((shard, self._seq, mine))
+            remote = [entry for _, _, mine in sent for entry in mine]
+            return local, remote, PendingFill(self, sent) if sent else None
+
+    def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
+        failed: list[Entry] = []
+        error = None
+        for shard, seq, mine in sent:
+            try:
+                reply = shard.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+            with self._lock:
+                if reply is None or reply[1] != seq:
+                    self._fail(shard, "no reply" if reply is None else "replied out of turn")
+                    failed.extend(mine)
+                    continue
+                _, _, problem, loaded, bad = reply
+                for gid in loaded:
+                    shard.loading.discard(gid)
+                    shard.loaded[gid] = None
+                for gid in bad:
+                    shard.loading.discard(gid)
+                    self._unshippable.add(gid)
+                if problem is None:
+                    continue
+                kind, message = problem
+                if kind == "draft":  # the grammar's verdict, as an in-process fill gives it
+                    error = error or message
+                else:  # the mirror cannot be trusted: its rows are filled here
+                    self._fail(shard, message)
+                    failed.extend(mine)
+        return failed, error
+
+    # -- requests and grammars -----------------------------------------------------------------
+    def release(self, request_id: str) -> None:
+        """The request finished: its mirror goes with the shard's next step message."""
+        with self._lock:
+            mirror = self._mirrors.pop(request_id, None)
+            shard = None if mirror is None else mirror.shard
+            if shard is None or shard.dead:
+                return
+            shard.num_mirrors -= 1
+            shard.users[mirror.gid] -= 1
+            if mirror.opened:
+                shard.closes.append(request_id)
+            self._evict(shard)
+
+    def _place(self, matcher, live: list[_Shard]) -> _Mirror:
+        compiled = getattr(matcher, "compiled", None)
+        if compiled is None:  # not an xgrammar matcher: nothing to ship
+            return _Mirror(None, -1)
+        known = self._gids.get(id(compiled))
+        if known is not None and known[0]() is compiled:
+            gid = known[1]
+        else:  # CompiledGrammar is unhashable: keyed by id, kept while the grammar lives
+            gid = self._next_gid
+            self._next_gid += 1
+            key = id(compiled)
+            self._gids[key] = (weakref.ref(compiled, lambda _, k=key: self._gids.pop(k, None)),
+                               gid)
+        if gid in self._unshippable or compiled.memory_size_bytes > self.max_shipped_bytes:
+            self._unshippable.add(gid)
+            return _Mirror(None, gid)
+        best = min(live, key=lambda s: s.num_mirrors)
+        having = [s for s in live if gid in s.loaded or gid in s.loading]
+        if having:
+            closest = min(having, key=lambda s: s.num_mirrors)
+            if closest.num_mirrors <= best.num_mirrors + PLACEMENT_SLACK:
+                best = closest
+        if gid not in best.loaded and gid not in best.loading:
+            best.loading.add(gid)
+            best.unsent.append(gid)
+            if gid not in self._jsons:
+                self._jsons[gid] = self._serializer.submit(self._serialize, compiled)
+        best.num_mirrors += 1
+        best.users[gid] += 1
+        return _Mirror(best, gid)
+
+    @staticmethod
+    def _serialize(compiled) -> str | None:
+        try:
+            return compiled.serialize_json()
+        except Exception:  # noqa: BLE001 - filled in-process
+            log.exception("cannot serialize a grammar for the mask shards")
+            return None
+
+    def _send_loads(self, live: list[_Shard]) -> None:
+        """Grammars serialized since the last step go to the shards that wait for them."""
+        for shard in live:
+            waiting = []
+            for gid in shard.unsent:
+                future = self._jsons[gid]
+                if not future.done():
+                    waiting.append(gid)
+                    continue
+                text = future.result()
+                if text is None:
+                    self._unshippable.add(gid)
+                    shard.loading.discard(gid)
+                    continue
+                try:
+                    shard.conn.send(("load", gid, text))
+                except (OSError, ValueError):
+                    self._fail(shard, "its pipe closed")
+                    break
+            shard.unsent = waiting
+        wanted = {gid for shard in self._shards if not shard.dead for gid in shard.unsent}
+        for gid in [gid for gid, f in self._jsons.items() if f.done() and gid not in wanted]:
+            del self._jsons[gid]  # sent everywhere it was wanted
+
+    def _evict(self, shard: _Shard) -> None:
+        unused = [gid for gid in shard.loaded if shard.users[gid] <= 0]
+        for gid in unused[:max(0, len(unused) - CACHED_GRAMMARS)]:
+            del shard.loaded[gid]
+            del shard.users[gid]
+            try:
+                shard.conn.send(("drop", gid))
+            except (OSError, ValueError):
+                self._fail(shard, "its pipe closed")
+                return
+
+    def _fail(self, shard: _Shard, why: str) -> None:
+        if shard.dead:
+            return
+        shard.dead = True
+        log.warning("mask shard %d failed (%s); its requests' masks are filled in-process",
+                    shard.index, why)
+        shard.process.kill()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            for shard in self._shards:
+                if not shard.dead:
+                    try:
+                        shard.conn.send(("stop",))
+                    except (OSError, ValueError):
+                        pass
+        for shard in self._shards:
+            try:
+                shard.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                shard.process.kill()
+        self._serializer.shutdown(wait=False, cancel_futures=True)
