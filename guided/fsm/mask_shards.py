@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_SHIPPED_BYTES = 4 << 20  # larger compiled grammars stay in-process (serializing: ~0.1 s/MB)
 CACHED_GRAMMARS = 256  # unused grammars a shard keeps loaded for the next request
-PLACEMENT_SLACK = 8  # more mirrors a shard may hold than the emptiest to reuse a loaded grammar
+PLACEMENT_SLACK = 16  # see _place
 
 Entry = tuple  # (matcher, drafts, first row)
 
@@ -54,6 +54,7 @@ class _Shard:
     unsent: list = field(default_factory=list)  # gids to send once serialized
     opens: list = field(default_factory=list)  # (request_id, gid) for the next step message
     closes: list = field(default_factory=list)  # request_ids for the next step message
+    awaiting: int | None = None  # the step message whose reply is not taken yet
 
 
 @dataclass(slots=True, eq=False)
@@ -91,7 +92,8 @@ class MaskShards:
         self.max_shipped_bytes = max_shipped_bytes
         self._shards: list[_Shard] = []
         self._lock = threading.RLock()
-        self._serializer = ThreadPoolExecutor(1, thread_name_prefix="grammar-serialize")
+        # serialize_json runs without the GIL: a cold wave of grammars ships in parallel
+        self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize")
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
         self._jsons: dict[int, Future] = {}  # gid -> serialized, until sent (None: failed)
@@ -197,6 +199,11 @@ class MaskShards:
             path, capacity = segment
             sent = []
             for shard, (messages, mine) in fills.items():
+                if shard.awaiting is not None:  # a step dropped its fill without waiting
+                    self._collect([(shard, shard.awaiting, [])])
+                if shard.dead:
+                    local.extend(mine)
+                    continue
                 self._seq += 1
                 try:
                     shard.conn.send(("step", self._seq, path, capacity, shard.opens,
@@ -206,6 +213,7 @@ class MaskShards:
                     local.extend(mine)
                     continue
                 shard.opens, shard.closes = [], []
+                shard.awaiting = self._seq
                 sent.append((shard, self._seq, mine))
             remote = [entry for _, _, mine in sent for entry in mine]
             return local, remote, PendingFill(self, sent) if sent else None
@@ -219,6 +227,7 @@ class MaskShards:
             except (EOFError, OSError):
                 reply = None
             with self._lock:
+                shard.awaiting = None
                 if reply is None or reply[1] != seq:
                     self._fail(shard, "no reply" if reply is None else "replied out of turn")
                     failed.extend(mine)
@@ -270,11 +279,13 @@ class MaskShards:
         if gid in self._unshippable or compiled.memory_size_bytes > self.max_shipped_bytes:
             self._unshippable.add(gid)
             return _Mirror(None, gid)
+        # where the grammar is (being) loaded, unless that shard is far busier than the
+        # emptiest: a row filled in-process while a grammar ships costs more than imbalance
         best = min(live, key=lambda s: s.num_mirrors)
         having = [s for s in live if gid in s.loaded or gid in s.loading]
         if having:
             closest = min(having, key=lambda s: s.num_mirrors)
-            if closest.num_mirrors <= best.num_mirrors + PLACEMENT_SLACK:
+            if closest.num_mirrors <= 2 * best.num_mirrors + PLACEMENT_SLACK:
                 best = closest
         if gid not in best.loaded and gid not in best.loading:
             best.loading.add(gid)

@@ -83,6 +83,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         local = [(request.matcher, drafts, first) for request, drafts, first in entries]
     fill = MaskFill(bitmask, bans, pending, num_threads)
     if local:
+        if shards is not None:
+            times.count("mask_rows_local", sum(len(d) + 1 for _, d, _ in local))
         try:
             fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans)
         except BaseException:
