@@ -4,8 +4,8 @@ It holds a mirror matcher for each request the engine placed on it, fed the requ
 committed tokens, and fills those requests' rows of a step's mask buffer (a file the engine
 mapped in memory too). Messages, in order on one pipe:
 
-  ("load", gid, grammar_json)   deserialize a compiled grammar (on a loader thread: it may take
-                                tens of ms, and fills go on meanwhile); no reply
+  ("load", gid, path)           load a compiled grammar serialized to a file (on a loader thread:
+                                it may take tens of ms, and fills go on meanwhile); no reply
   ("drop", gid)                 forget a grammar no mirror uses; no reply
   ("step", seq, path, capacity, opens, closes, fills)
       closes: [request_id]; opens: [(request_id, gid)], gids already loaded;
@@ -47,9 +47,10 @@ def serve(conn) -> None:
     failed: list[int] = []
     batch = xgr.BatchGrammarMatcher(max_threads=1)
 
-    def load(gid: int, text: str) -> None:
+    def load(gid: int, path: str) -> None:
         try:
-            grammar = xgr.CompiledGrammar.deserialize_json(text, info)
+            with open(path) as f:
+                grammar = xgr.CompiledGrammar.deserialize_json(f.read(), info)
         except Exception:  # noqa: BLE001 - the engine fills this grammar's rows itself
             with lock:
                 failed.append(gid)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,7 +97,11 @@ class MaskShards:
         self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize")
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
-        self._jsons: dict[int, Future] = {}  # gid -> serialized, until sent (None: failed)
+        # gid -> the file its serialized grammar was written to (None: failed), kept until
+        # every shard that wanted it has loaded it: a file, not the pipe, so that a large
+        # grammar never blocks the step loop's send while the shard is busy
+        self._files: dict[int, Future] = {}
+        self._folder = tempfile.mkdtemp(prefix="guided-grammars-")
         self._unshippable: set[int] = set()
         self._mirrors: dict[str, _Mirror] = {}
         self._seq = 0
@@ -236,9 +241,11 @@ class MaskShards:
                 for gid in loaded:
                     shard.loading.discard(gid)
                     shard.loaded[gid] = None
+                    self._shipped(gid)
                 for gid in bad:
                     shard.loading.discard(gid)
                     self._unshippable.add(gid)
+                    self._shipped(gid)
                 if problem is None:
                     continue
                 kind, message = problem
@@ -290,16 +297,18 @@ class MaskShards:
         if gid not in best.loaded and gid not in best.loading:
             best.loading.add(gid)
             best.unsent.append(gid)
-            if gid not in self._jsons:
-                self._jsons[gid] = self._serializer.submit(self._serialize, compiled)
+            if gid not in self._files:
+                self._files[gid] = self._serializer.submit(self._serialize, compiled, gid)
         best.num_mirrors += 1
         best.users[gid] += 1
         return _Mirror(best, gid)
 
-    @staticmethod
-    def _serialize(compiled) -> str | None:
+    def _serialize(self, compiled, gid: int) -> str | None:
         try:
-            return compiled.serialize_json()
+            path = os.path.join(self._folder, f"{gid}.json")
+            with open(path, "w") as f:
+                f.write(compiled.serialize_json())
+            return path
         except Exception:  # noqa: BLE001 - filled in-process
             log.exception("cannot serialize a grammar for the mask shards")
             return None
@@ -309,24 +318,33 @@ class MaskShards:
         for shard in live:
             waiting = []
             for gid in shard.unsent:
-                future = self._jsons[gid]
+                future = self._files[gid]
                 if not future.done():
                     waiting.append(gid)
                     continue
-                text = future.result()
-                if text is None:
+                path = future.result()
+                if path is None:
                     self._unshippable.add(gid)
                     shard.loading.discard(gid)
                     continue
                 try:
-                    shard.conn.send(("load", gid, text))
+                    shard.conn.send(("load", gid, path))
                 except (OSError, ValueError):
                     self._fail(shard, "its pipe closed")
                     break
             shard.unsent = waiting
-        wanted = {gid for shard in self._shards if not shard.dead for gid in shard.unsent}
-        for gid in [gid for gid, f in self._jsons.items() if f.done() and gid not in wanted]:
-            del self._jsons[gid]  # sent everywhere it was wanted
+
+    def _shipped(self, gid: int) -> None:
+        """A shard loaded the grammar (or failed to): its file goes once no shard waits."""
+        if any(gid in shard.loading for shard in self._shards if not shard.dead):
+            return
+        future = self._files.pop(gid, None)
+        path = None if future is None or not future.done() else future.result()
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def _evict(self, shard: _Shard) -> None:
         unused = [gid for gid in shard.loaded if shard.users[gid] <= 0]
@@ -362,3 +380,4 @@ class MaskShards:
             except subprocess.TimeoutExpired:
                 shard.process.kill()
         self._serializer.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self._folder, ignore_errors=True)
