@@ -11,6 +11,7 @@ and the token bans over the whole vocabulary were most of the mask fill.
 from __future__ import annotations
 
 import argparse
+import json
 import cProfile
 import io
 import pstats
@@ -31,8 +32,11 @@ def main() -> None:
     ap.add_argument("--min-parallel-rows", type=int, action="append", default=[],
                     help="also time runs with this batched-fill thread threshold")
     ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="any other EngineConfig field, e.g. --set mask_processes=0")
     args = ap.parse_args()
-    engine = Engine(model=args.model, max_num_seqs=args.concurrency)
+    options = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    engine = Engine(model=args.model, max_num_seqs=args.concurrency, **options)
     rows = load(args.workload, args.num_requests)
 
     def show(tag: str, result: dict) -> None:

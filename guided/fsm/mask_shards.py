@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-MAX_SHIPPED_BYTES = 4 << 20  # larger compiled grammars stay in-process (serializing: ~0.1 s/MB)
+# larger compiled grammars stay in-process: serializing takes ~0.15 s/MB (of memory_size_bytes)
+# on the background threads; the costly rows (a random 8B model's long strings) are often theirs
+MAX_SHIPPED_BYTES = 32 << 20
 CACHED_GRAMMARS = 256  # unused grammars a shard keeps loaded for the next request
 PLACEMENT_SLACK = 16  # see _place
 
@@ -284,7 +286,10 @@ class MaskShards:
             self._gids[key] = (weakref.ref(compiled, lambda _, k=key: self._gids.pop(k, None)),
                                gid)
         if gid in self._unshippable or compiled.memory_size_bytes > self.max_shipped_bytes:
-            self._unshippable.add(gid)
+            if gid not in self._unshippable:
+                log.info("mask shards: a %.1f MB grammar stays in-process",
+                         compiled.memory_size_bytes / 2**20)
+                self._unshippable.add(gid)
             return _Mirror(None, gid)
         # where the grammar is (being) loaded, unless that shard is far busier than the
         # emptiest: a row filled in-process while a grammar ships costs more than imbalance
