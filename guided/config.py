@@ -52,10 +52,12 @@ class EngineConfig:
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
-    # matchers (guided/fsm/mask_shards.py); None: on a GPU a quarter of the cores, up to 4
-    # (the step loop's own grammar work is what bounds a small model's constrained batches),
-    # on the CPU none; 0: every row filled in the engine's process
-    mask_processes: int | None = None
+    # matchers (guided/fsm/mask_shards.py); 0: every row filled in the engine's process. Off by
+    # default: on an H200 (RESULTS, session 7) 4 shards raised warm runs (grammars already
+    # shipped) 1.12-1.35x for the default model and 1.10-1.16x for the 8B at 256, but the
+    # first run of a wave of new grammars fell 0.57-0.72x while they ship, and the 8B at 64 lost
+    # 0.91x: worth it for repeated schemas at high concurrency
+    mask_processes: int = 0
 
     # GPU execution
     cuda_graphs: bool = True
@@ -103,8 +105,8 @@ class EngineConfig:
              "max_draft_tokens_per_step must be >= 0 (or None)", "max_draft_tokens_per_step")
         need(self.lookup_draft_tokens >= 0, "lookup_draft_tokens must be >= 0",
              "lookup_draft_tokens")
-        need(self.mask_processes is None or 0 <= self.mask_processes <= 64,
-             "mask_processes must lie in [0, 64] (or None for automatic)", "mask_processes")
+        need(0 <= self.mask_processes <= 64, "mask_processes must lie in [0, 64]",
+             "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
              "max_jump_forward_tokens")
 

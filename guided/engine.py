@@ -15,7 +15,7 @@ from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.mask_prefetch import MaskPrefetch
-from guided.fsm.mask_shards import MaskShards, num_mask_shards
+from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
@@ -25,7 +25,7 @@ from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker import loader
-from guided.worker.model_runner import ModelRunner, resolve_device
+from guided.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Engine:
             raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
         self.step_times = StepTimes()
-        self._num_mask_shards = num_mask_shards(config, resolve_device(config))
+        self._num_mask_shards = config.mask_processes
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times,
                                   shared_masks=self._num_mask_shards > 0)

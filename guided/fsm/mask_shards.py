@@ -68,13 +68,6 @@ class _Mirror:
     synced: int = 0  # output tokens the mirror has accepted
 
 
-def num_mask_shards(config, device) -> int:
-    """Shard processes for an engine (config.mask_processes; None: see EngineConfig)."""
-    if config.mask_processes is not None:
-        return config.mask_processes
-    return min(4, (os.cpu_count() or 1) // 4) if device.type == "cuda" else 0
-
-
 class PendingFill:
     """The shards' replies a step still waits for."""
 
