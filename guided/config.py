@@ -53,10 +53,10 @@ class EngineConfig:
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
     # matchers (guided/fsm/mask_shards.py); 0: every row filled in the engine's process. Off by
-    # default: on an H200 (RESULTS, session 7) 4 shards raised warm runs (grammars already
-    # shipped) 1.12-1.35x for the default model and 1.10-1.16x for the 8B at 256, but the
-    # first run of a wave of new grammars fell 0.57-0.72x while they ship, and the 8B at 64 lost
-    # 0.91x: worth it for repeated schemas at high concurrency
+    # default: on an H200 (RESULTS, session 7) 4 shards changed warm runs (grammars already
+    # shipped) 0.94-1.31x for the default model and 1.12-1.24x for the 8B at 256, 0.91-0.97x for
+    # the 8B at 64, while the default model's first run of a wave of new grammars fell to
+    # 0.57-0.69x as they ship: worth it for repeated schemas at high concurrency
     mask_processes: int = 0
 
     # GPU execution

@@ -10,6 +10,10 @@ outlasts a forward pass. A request that finished at step t was already scheduled
 that row's token is dropped. What the requests make of their tokens is the engine's (update,
 propose).
 
+With mask shard processes (mask_processes) the loop only sends their rows off and fills the
+rest; the shards work beside t+2's drafts, scheduling and preparing, and t+1 is sampled once
+their replies are in.
+
 concurrent_masks moves the fill to the mask thread, beside the drafts (made on second
 matchers), scheduling and preparing of t+2; t+1 is sampled once both are done. xgrammar fills
 without the GIL, but the Python around the fills and the loop's own contend for it: measured
