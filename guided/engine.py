@@ -393,4 +393,3 @@ class Engine:
         if self._compiler is not None:
             self._compiler.shutdown()
         self.runner.shutdown()
-
