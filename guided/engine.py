@@ -44,10 +44,9 @@ class Engine:
             raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
         self.step_times = StepTimes()
-        self._num_mask_shards = config.mask_processes
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times,
-                                  shared_masks=self._num_mask_shards > 0)
+                                  shared_masks=config.mask_processes > 0)
         del state
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
@@ -77,7 +76,7 @@ class Engine:
             propose=self._propose, concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
-        if self._num_mask_shards:
+        if config.mask_processes:
             self.compiler  # starts the shards now: they take seconds to import
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
                  "max_model_len %d, %s scheduling", time.perf_counter() - t0, config.model,
@@ -94,9 +93,9 @@ class Engine:
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
-            if self._num_mask_shards:
+            if self.config.mask_processes:
                 self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
-                                          self._num_mask_shards)
+                                          self.config.mask_processes)
         return self._compiler
 
     @property

@@ -94,6 +94,12 @@ def apply_bans(bitmask: torch.Tensor, bans: Bans) -> None:
             bitmask[index, :width] &= keep
 
 
+def note_ban(bans: Bans, matcher, rows) -> None:
+    """Rows (an iterable) the matcher's token ban, if it has one, is still to be ANDed into."""
+    if matcher.ban is not None:
+        bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(rows)
+
+
 def merge_bans(into: Bans, bans: Bans) -> None:
     for key, (ban, rows) in bans.items():
         into.setdefault(key, (ban, []))[1].extend(rows)
@@ -128,8 +134,7 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
     batch_matcher.batch_fill_next_token_bitmask(
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
     for m, row in batch:
-        if m.ban is not None:
-            bans.setdefault(id(m.ban), (m.ban, []))[1].append(row)
+        note_ban(bans, m, (row,))
     if len(batch) == len(items):
         return []
     done = {id(m) for m, _ in batch}
@@ -205,9 +210,7 @@ def _traverse(matcher, drafts: list[int], bitmask: torch.Tensor, first: int,
         rows.zero_()  # nothing allowed: the check below rejects the drafts
         return
     traverse_chain(matcher.xgrammar_matcher, drafts, rows)
-    if matcher.ban is not None:
-        bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(
-            range(first, first + len(drafts) + 1))
+    note_ban(bans, matcher, range(first, first + len(drafts) + 1))
 
 
 def traverse_chain(xgrammar_matcher, drafts: list[int], rows: torch.Tensor) -> None:

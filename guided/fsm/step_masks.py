@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans, fill_draft_rows
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows, note_ban
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.scheduler.scheduler import SchedulerOutput
@@ -74,9 +74,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     if shards is not None and entries:
         local, remote, pending = shards.dispatch(entries, segment)
         for matcher, drafts, first in remote:
-            if matcher.ban is not None:
-                bans.setdefault(id(matcher.ban), (matcher.ban, []))[1].extend(
-                    range(first, first + len(drafts) + 1))
+            note_ban(bans, matcher, range(first, first + len(drafts) + 1))
         if remote:
             times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
     else:
