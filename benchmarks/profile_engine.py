@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--min-parallel-rows", type=int, action="append", default=[],
                     help="also time runs with this batched-fill thread threshold")
     ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--gpu-kernels", action="store_true",
+                    help="also the device's time per step (torch.profiler), constrained and free")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="any other EngineConfig field, e.g. --set mask_processes=0")
     args = ap.parse_args()
@@ -47,6 +49,11 @@ def main() -> None:
     constrained = run(engine, rows, args.max_tokens, False)
     show("constrained", constrained)
     show("free", run(engine, rows, constrained["lengths"], True))
+    if args.gpu_kernels:
+        device_time(engine, "constrained", lambda: run(engine, rows, args.max_tokens, False),
+                    args.top)
+        device_time(engine, "free", lambda: run(engine, rows, constrained["lengths"], True),
+                    args.top)
     defaults = bitmask_fill.fill_bitmasks.__kwdefaults__
     default_rows = defaults["min_parallel_rows"]
     for threshold in args.min_parallel_rows:
@@ -64,6 +71,25 @@ def main() -> None:
     stats.sort_stats("cumulative").print_stats("guided|xgrammar", args.top)
     print(out.getvalue())
     engine.shutdown()
+
+
+def device_time(engine: Engine, tag: str, fn, top: int) -> None:
+    """The device's kernel time per step under torch.profiler: whether a slower step is the
+    host's (it waits on the device less) or the device's (its kernels take longer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        result = fn()
+    events = prof.key_averages()
+    kernels = sorted((e for e in events if e.device_time_total > 0 and e.device_type.name == "CUDA"),
+                     key=lambda e: -e.device_time_total)
+    total_ms = sum(e.device_time_total for e in kernels) / 1e3
+    steps = engine.step_times.counts.get("steps", 0) or 1
+    print(f"{tag} (profiled): {result['seconds']:.2f} s, {steps} steps, device kernels "
+          f"{total_ms:.0f} ms = {total_ms / steps:.2f} ms a step "
+          f"({total_ms / 1e3 / result['seconds']:.0%} of the run)")
+    for e in kernels[:top]:
+        print(f"  {e.device_time_total / 1e3 / steps:8.3f} ms/step {e.count:7d}x  {e.key[:110]}")
 
 
 if __name__ == "__main__":

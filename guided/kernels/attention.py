@@ -9,9 +9,11 @@ Token t of request b lives at ``(block_tables[b, t // block_size], t % block_siz
         s_t    = scale * <q[i, h], K_b[t, kvh]>   for t <= ctx + i  # causal with the offset
         out    = sum_t softmax(s)_t * V_b[t, kvh]                    # softmax in fp32
 
-The decode kernel (every q_len == 1) splits each context into partitions across programs and a
-second launch merges the partial (max, sum, acc); the prefill kernel tiles queries of one request
-against kv tiles gathered through the block table (flash-attention style).
+The split-K kernel (short queries: decode, verification of drafts) splits each context into
+partitions across programs, each program taking all of a request's query tokens (up to a tile)
+for all query heads of one kv head, and a second launch merges the partial (max, sum, acc); the
+prefill kernel tiles queries of one request against kv tiles gathered through the block table
+(flash-attention style).
 """
 from __future__ import annotations
 
@@ -127,29 +129,40 @@ if triton is not None:
     def _decode_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
         scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
-        stride_vh, stride_bt, stride_ot, stride_oh, part_len, num_splits,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        stride_vh, stride_bt, stride_ot, stride_oh, part_len, num_splits, num_tiles,
+        GROUP: tl.constexpr, QTILE: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
         PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):
-        """Program (request b, kv head, split): all GROUP query heads of that kv head at once over
-        kv positions [split * part_len, (split + 1) * part_len) with an online softmax."""
-        b = tl.program_id(0)
+        """Program (request b and its query tile, kv head, split): the tile's QTILE query tokens
+        times the GROUP query heads of that kv head, as the rows of one dot, over kv positions
+        [split * part_len, (split + 1) * part_len), causal with the offset, online softmax. Each
+        K/V tile is read once for all of them: a decode step (QTILE 1) or a verification step (the
+        sampled token plus drafts) costs about one pass over the cache."""
+        b = tl.program_id(0) // num_tiles
+        tile = tl.program_id(0) % num_tiles
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        if tile * QTILE >= q_len:
+            return
         seq_len = tl.load(seq_lens_ptr + b)
-        token = tl.load(qsl_ptr + b).to(tl.int64)
-        start = split * part_len
-        end = tl.minimum(start + part_len, seq_len)
-        g = tl.arange(0, GROUP_PAD)
+        ctx_len = seq_len - q_len
+        r = tl.arange(0, ROWS)
+        i = tile * QTILE + r // GROUP  # query token of the row
+        valid = (r < QTILE * GROUP) & (i < q_len)
+        tokens = (q_start + i).to(tl.int64)
+        heads = kv_head * GROUP + r % GROUP
         d = tl.arange(0, HEAD_DIM)
-        heads = kv_head * GROUP + g
-        g_mask = g < GROUP
-        q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                    mask=g_mask[:, None], other=0.0).to(DOT_DTYPE)  # [G, D]
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        q = tl.load(q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=valid[:, None], other=0.0).to(DOT_DTYPE)  # [R, D]
+        q_pos = ctx_len + i
+        start = split * part_len
+        end = tl.minimum(tl.minimum(start + part_len, seq_len), ctx_len + (tile + 1) * QTILE)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         for t0 in range(start, end, BLOCK_N):
             t = t0 + tl.arange(0, BLOCK_N)
@@ -158,45 +171,46 @@ if triton is not None:
                               stride_kh, BLOCK_SIZE)  # [N, D]
             v = _load_kv_tile(v_ptr, bt_row, t, t_mask, kv_head, d, stride_vb, stride_vt,
                               stride_vh, BLOCK_SIZE)  # [N, D]
-            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [G, N]
-            s = tl.where(t_mask[None, :], s, float("-inf"))
+            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [R, N]
+            s = tl.where((t[None, :] <= q_pos[:, None]) & t_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            # a split may hold no position a row may see (a draft's own future): keep it 0, not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
                                                 input_precision=PRECISION)
             m_i = m_new
         if SINGLE_SPLIT:
             o = acc / l_i[:, None]
-            tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+            tl.store(out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh
+                     + d[None, :], o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
         else:
-            row = (b * tl.num_programs(1) * GROUP + heads).to(tl.int64) * num_splits + split
+            row = (tokens * tl.num_programs(1) * GROUP + heads) * num_splits + split
             tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc,
-                     mask=g_mask[:, None])
-            tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+                     mask=valid[:, None])
+            tl.store(part_ml_ptr + row * 2, m_i, mask=valid)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=valid)
 
     @triton.jit
     def _decode_reduce_kernel(
-        part_acc_ptr, part_ml_ptr, qsl_ptr, out_ptr, stride_ot, stride_oh, num_splits,
+        part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_splits,
         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     ):
-        """Program (request b, query head h): merge the partial (max, sum, acc) of all splits."""
-        b = tl.program_id(0)
+        """Program (query token, query head h): merge the partial (max, sum, acc) of all splits."""
+        token = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        token = tl.load(qsl_ptr + b).to(tl.int64)
         s = tl.arange(0, SPLITS_PAD)
         d = tl.arange(0, HEAD_DIM)
         s_mask = s < num_splits
-        row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits + s
+        row = (token * tl.num_programs(1) + h) * num_splits + s
         m_s = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"))
         l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0)
         acc_s = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
                         mask=s_mask[:, None], other=0.0)  # [S, D]
         m = tl.max(m_s, axis=0)  # split 0 always holds position 0, so m is finite
-        w = tl.exp(m_s - m)  # empty splits: exp(-inf) = 0
+        w = tl.exp(m_s - m)  # splits a row sees nothing of: exp(-inf) = 0
         o = tl.sum(w[:, None] * acc_s, axis=0) / tl.sum(w * l_s, axis=0)
         tl.store(out_ptr + token * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
 
@@ -258,6 +272,12 @@ if triton is not None:
 # --------------------------------------------------------------------------------------------
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# batches whose longest query is at most this many tokens (decode, verification of drafts, short
+# chunks) run on the split-K kernel, which reads each K/V tile once per kv head for all of a
+# request's query tokens; longer ones on the flash-attention kernel. Measured on an H200 (RESULTS,
+# session 8): verification on the flash kernel cost ~4x a decode step's attention
+MAX_SHORT_QUERY_LEN = 32
+MAX_DECODE_ROWS = 64  # query tokens x query heads in one program of the split-K kernel
 
 
 _TL_DTYPES = ({torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -356,30 +376,34 @@ def paged_attention(
         max_seq_len = block_tables.shape[1] * block_size
     common = (scale, q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
               block_tables.stride(0))
-    if max_query_len == 1 and num_tokens == num_reqs:
+    if max_query_len <= MAX_SHORT_QUERY_LEN:
         block_n = 64
+        # rows of one dot: a tile's query tokens times a kv head's query heads
+        qtile = min(max_query_len, max(1, MAX_DECODE_ROWS // group))
+        rows = max(16, triton.next_power_of_2(qtile * group))
+        num_tiles = triton.cdiv(max_query_len, qtile)
         if num_splits is None:
-            num_splits = _num_decode_splits(num_reqs * num_kv_heads, max_seq_len, block_n,
-                                            q.device)
+            num_splits = _num_decode_splits(num_reqs * num_tiles * num_kv_heads, max_seq_len,
+                                            block_n, q.device)
         part_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
         num_splits = max(1, triton.cdiv(max_seq_len, part_len))
         single = num_splits == 1
-        part_acc = torch.empty(num_reqs * num_heads * num_splits * (0 if single else head_dim),
-                               dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
-        part_ml = torch.empty(num_reqs * num_heads * num_splits * (0 if single else 2),
-                              dtype=torch.float32, device=q.device)  # [B, Hq, S, 2]
-        _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
+        part_acc = torch.empty(num_tokens * num_heads * num_splits * (0 if single else head_dim),
+                               dtype=torch.float32, device=q.device)  # [T, Hq, S, D]
+        part_ml = torch.empty(num_tokens * num_heads * num_splits * (0 if single else 2),
+                              dtype=torch.float32, device=q.device)  # [T, Hq, S, 2]
+        _decode_kernel[(num_reqs * num_tiles, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_acc, part_ml,
-            *common, out.stride(0), out.stride(1), part_len, num_splits,
-            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-            BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE_SPLIT=single, PRECISION=precision,
-            DOT_DTYPE=dot_dtype,            num_warps=4,
+            *common, out.stride(0), out.stride(1), part_len, num_splits, num_tiles,
+            GROUP=group, QTILE=qtile, ROWS=rows, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            BLOCK_N=block_n, SINGLE_SPLIT=single, PRECISION=precision, DOT_DTYPE=dot_dtype,
+            num_warps=4,
         )
         if not single:
-            _decode_reduce_kernel[(num_reqs, num_heads)](
-                part_acc, part_ml, query_start_loc, out, out.stride(0), out.stride(1),
-                num_splits, HEAD_DIM=head_dim,
-                SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+            _decode_reduce_kernel[(num_tokens, num_heads)](
+                part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits,
+                HEAD_DIM=head_dim, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+                num_warps=4,
             )
         return out
     block = 32 if q.dtype == torch.float32 else 64

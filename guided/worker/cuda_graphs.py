@@ -3,8 +3,9 @@
 - decode graphs (every request has one new token), one per padded batch size, on the split-K
   decode kernel;
 - verify graphs (every request has 1..MAX_QUERY_LEN tokens: the last sampled token plus
-  jump-forward drafts), one per padded token count, on the varlen kernel. Without them a step
-  with drafts would fall back to eager launches, which costs more than the drafts save;
+  jump-forward drafts), one per padded token count, on the split-K kernel (it takes a
+  request's query tokens together). Without them a step with drafts would fall back to eager
+  launches, which costs more than the drafts save;
 - prefill graphs (any query lengths: prompts, chunks of them, mixed with decoding requests),
   one per padded token count, on the varlen kernel launched for the longest query the count
   allows (programs past their request's query end return at once). An eager step launches

@@ -73,6 +73,22 @@ def test_varlen_matches_ref(device: str, dtype: torch.dtype, shape: tuple) -> No
     assert _rel_err(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_short_queries_match_ref(device: str, dtype: torch.dtype, shape: tuple) -> None:
+    """Verification steps (the sampled token plus drafts) and short chunks on the split-K kernel:
+    several query tiles per request, splits that hold none of a row's visible positions."""
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    q_lens = [1, 5, 8, 3, attn.MAX_SHORT_QUERY_LEN, 2]
+    seq_lens = [37, 300, 129, 8, 100, 64]
+    x = _batch(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
+               seed=sum(shape) + 2)
+    ref = attn.paged_attention_ref(**x)
+    for num_splits in (None, 1, 5):
+        out = attn.paged_attention(**x, num_splits=num_splits)
+        assert _rel_err(out, ref) < TOL[dtype], num_splits
+
+
 @pytest.mark.parametrize("q_lens,seq_lens", [([1, 1, 1], [5, 40, 17]), ([9, 3], [9, 30])])
 def test_ref_matches_dense_causal_sdpa(q_lens: list[int], seq_lens: list[int]) -> None:
     x = _batch(q_lens, seq_lens, 6, 2, 64, 8, torch.float64, "cpu", seed=5)
@@ -130,6 +146,15 @@ def test_gpu_decode_realistic(num_heads: int, num_kv_heads: int, head_dim: int) 
     seq_lens[0] = 2048
     x = _batch([1] * 64, seq_lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, "cuda",
                seed=1)
+    assert _rel_err(attn.paged_attention(**x), attn.paged_attention_ref(**x)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_verify_realistic() -> None:
+    gen = torch.Generator().manual_seed(4)
+    q_lens = torch.randint(1, 9, (128,), generator=gen).tolist()
+    seq_lens = [n + int(c) for n, c in zip(q_lens, torch.randint(0, 2000, (128,), generator=gen))]
+    x = _batch(q_lens, seq_lens, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=5)
     assert _rel_err(attn.paged_attention(**x), attn.paged_attention_ref(**x)) < 1e-2
 
 
