@@ -2,7 +2,11 @@
 dense SDPA on contiguous K/V, against the HBM floor. Prints one markdown table (also
 $OUT/bench_attention.md when OUT is set).
 
-    python benchmarks/bench_attention.py [--smoke]
+    python benchmarks/bench_attention.py [--smoke] [--verify]
+
+--verify adds a second table: verification steps (each request's sampled token plus drafts, q
+tokens at the end of its context) on the split-K kernel against the flash (prefill) kernel that
+ran them before session 8.
 
 Llama-3-8B head shape (Hq 32, Hkv 8, D 128), bf16, block size 16, every request at the same kv
 length, block tables shuffled; caches rotated where one set would fit in L2.
@@ -24,20 +28,22 @@ from guided.kernels import attention as attn
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 
 
-def make_inputs(batch: int, kv_len: int, dtype: torch.dtype, device: str) -> dict:
+def make_inputs(batch: int, kv_len: int, dtype: torch.dtype, device: str, q_len: int = 1) -> dict:
     blocks_per_req = kv_len // BLOCK_SIZE
     num_blocks = batch * blocks_per_req
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     perm = torch.randperm(num_blocks, device=device).to(torch.int32)
     return {
-        "q": torch.randn(batch, NUM_HEADS, HEAD_DIM, device=device, dtype=dtype),  # [B, Hq, D]
+        "q": torch.randn(batch * q_len, NUM_HEADS, HEAD_DIM, device=device,
+                         dtype=dtype),  # [B * q, Hq, D]
         "k_cache": torch.randn(shape, device=device, dtype=dtype),  # [N, bs, Hkv, D]
         "v_cache": torch.randn(shape, device=device, dtype=dtype),  # [N, bs, Hkv, D]
         "block_tables": perm.view(batch, blocks_per_req),  # [B, nb]
-        "query_start_loc": torch.arange(batch + 1, dtype=torch.int32, device=device),
+        "query_start_loc": torch.arange(0, batch * q_len + 1, q_len, dtype=torch.int32,
+                                        device=device),
         "seq_lens": torch.full((batch,), kv_len, dtype=torch.int32, device=device),
         "scale": HEAD_DIM**-0.5,
-        "max_query_len": 1,
+        "max_query_len": q_len,
     }
 
 
@@ -75,9 +81,50 @@ def bench_case(batch: int, kv_len: int, dtype: torch.dtype, device: str, bw: flo
     return row
 
 
+def bench_verify_case(batch: int, kv_len: int, q_len: int, dtype: torch.dtype, device: str,
+                      bw: float) -> dict:
+    kv_bytes = 2 * batch * kv_len * NUM_KV_HEADS * HEAD_DIM * (torch.finfo(dtype).bits // 8)
+    nxt = rotating(lambda: make_inputs(batch, kv_len, dtype, device, q_len), kv_bytes)
+    x = nxt()
+    ref = attn.paged_attention_ref(**x)
+    short = attn.MAX_SHORT_QUERY_LEN
+    row = {"batch": batch, "kv len": kv_len, "query tokens": q_len}
+    for name, limit in (("split-K (ours)", short), ("flash kernel", 0)):
+        attn.MAX_SHORT_QUERY_LEN = limit
+        try:
+            out = attn.paged_attention(**x)
+            row[name] = time_us(lambda: attn.paged_attention(**nxt()), device)
+            row[f"rel err {name.split()[0]}"] = (
+                (out.float() - ref.float()).norm() / ref.float().norm()).item()
+        finally:
+            attn.MAX_SHORT_QUERY_LEN = short
+    row["HBM floor"] = kv_bytes / bw * 1e6
+    return row
+
+
+def markdown(title: str, rows: list[dict]) -> str:
+    lines = [title, ""]
+    cols = list(rows[0])
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "---|" * len(cols))
+    for r in rows:
+        cells = []
+        for c in cols:
+            if isinstance(r[c], int):
+                cells.append(str(r[c]))
+            elif r[c] is None:
+                cells.append("n/a")
+            else:
+                cells.append(f"{r[c]:.1e}" if c.startswith("rel err") else f"{r[c]:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
+    parser.add_argument("--verify", action="store_true",
+                        help="also verification steps: split-K against the flash kernel")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16
@@ -89,21 +136,14 @@ def main() -> None:
     title = (f"decode attention on {name}: Llama-3-8B heads (Hq {NUM_HEADS}, Hkv {NUM_KV_HEADS}, "
              f"D {HEAD_DIM}), bf16, block {BLOCK_SIZE}; median µs (triton do_bench); floor = K+V "
              f"read once at {bw / 1e12:.2f} TB/s copy bandwidth (read + write)")
-    lines = [title, ""]
-    cols = list(rows[0])
-    lines.append("| " + " | ".join(cols) + " |")
-    lines.append("|" + "---|" * len(cols))
-    for r in rows:
-        cells = []
-        for c in cols:
-            if c in ("batch", "kv len"):
-                cells.append(str(r[c]))
-            elif r[c] is None:
-                cells.append("n/a")
-            else:
-                cells.append(f"{r[c]:.1e}" if c == "rel err vs ref" else f"{r[c]:.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
+    table = markdown(title, rows)
+    if args.verify:
+        cases = [(2, 64, 4)] if args.smoke else [(b, n, q) for n in (1024, 4096)
+                                                 for b in (64, 256) for q in (2, 4, 8)]
+        verify = [bench_verify_case(b, n, q, dtype, device, bw) for b, n, q in cases]
+        table += "\n\n" + markdown(
+            f"verification steps on {name}: the same heads, q query tokens per request at the "
+            "end of its kv length (the sampled token plus q - 1 drafts); median µs", verify)
     print(table)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_attention.md"), "w") as f:
