@@ -19,16 +19,6 @@ import torch
 from guided.fsm.matcher import Matcher
 
 PARALLEL_THRESHOLD = 64
-# Batched fills and traverse_draft_tree run without the GIL, so a costly batch is split over
-# threads. What a row costs depends on the grammar state (~3 us in JSON structure, ~30 us deep
-# in a length-bounded string on the CPU; a random model's long strings cost 6-16 ms of fills a
-# step): threads where the rows' measured cost says a batch takes longer than hand-offs and GIL
-# round trips (the default model's batches, ~1-1.5 ms at 64, stay on one thread; the random
-# 8B's draft rows go out: their fills fell from 6.9 to 1.4 ms a step at 64,
-# results/paired_8b_s6.md). Before session 8 rows without drafts went to threads only from 64
-# rows on, whatever they cost.
-PARALLEL_FILL_SECONDS = 2e-3
-_plain_row_seconds = 0.0  # running estimate of one row's batched fill (no drafts)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -57,12 +47,10 @@ def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
     once (apply_bans); None: applied here."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.device.type != "cpu":
         raise ValueError("bitmask must be a 2-D int32 CPU tensor")
-    # xgrammar rows: one batched C++ call, on one thread for a few cheap rows (a hand-off
-    # costs more), on several for many rows or costly ones
+    # xgrammar rows: one batched C++ call (one thread for a few rows: a hand-off costs more)
     pending: Bans = {} if bans is None else bans
-    threads = num_threads if (len(items) >= min_parallel_rows or
-                              len(items) * _plain_row_seconds > PARALLEL_FILL_SECONDS) else 1
-    items = _fill_xgrammar_batch(items, bitmask, threads, pending)
+    items = _fill_xgrammar_batch(items, bitmask,
+                                 num_threads if len(items) >= min_parallel_rows else 1, pending)
     if bans is None:
         apply_bans(bitmask, pending)
     if num_threads <= 1 or len(items) < max(2, min_parallel_rows):
@@ -139,16 +127,12 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         return items
     import xgrammar as xgr
 
-    global _plain_row_seconds
     threads = max(1, min(num_threads, os.cpu_count() or 1))
     batch_matcher = _batch_matchers.get(threads)
     if batch_matcher is None:
         batch_matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
-    start = time.perf_counter()
     batch_matcher.batch_fill_next_token_bitmask(
         [m.xgrammar_matcher for m, _ in batch], bitmask, indices=[row for _, row in batch])
-    seconds = (time.perf_counter() - start) * min(threads, len(batch)) / len(batch)
-    _plain_row_seconds = 0.8 * _plain_row_seconds + 0.2 * seconds
     for m, row in batch:
         note_ban(bans, m, (row,))
     if len(batch) == len(items):
@@ -184,7 +168,14 @@ def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torc
 
 _chains: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # drafts -> (next, sibling) links
 
-_row_seconds = 0.0  # running estimate of one draft row's fill (traverse_draft_tree)
+# traverse_draft_tree runs without the GIL, so a costly batch is split over threads. What a row
+# costs depends on the grammar state (~3 us in JSON structure, ~30 us deep in a length-bounded
+# string on the CPU; a random model's long strings cost 6-16 ms of fills a step): threads only
+# where the rows' measured cost says a batch takes longer than hand-offs and GIL round trips
+# (the default model's batches, ~1-1.5 ms at 64, stay on one thread; the random 8B's go out:
+# its fills fell from 6.9 to 1.4 ms a step at 64, results/paired_8b_s6.md)
+PARALLEL_FILL_SECONDS = 2e-3
+_row_seconds = 0.0  # running estimate of one row's fill
 
 
 def _traverse_all(chains: list, bitmask: torch.Tensor, num_threads: int, bans: Bans) -> None:

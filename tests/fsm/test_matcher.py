@@ -134,36 +134,6 @@ def test_fill_bitmasks_parallel_equals_serial(compiler, tokenizer):
     assert torch.equal(serial, parallel)
 
 
-def test_costly_small_batch_fills_on_threads(compiler, tokenizer, monkeypatch):
-    """A few rows whose measured cost is high go to threads too: the same rows."""
-    from guided.fsm import bitmask_fill
-
-    grammar = compiler.compile(CASES[0][0], timeout=60)
-    ids = tokenizer.encode(CASES[0][1], add_special_tokens=False)
-    matchers = []
-    for n in range(8):
-        m = grammar.matcher()
-        for t in ids[: n % len(ids)]:
-            m.accept_token(t)
-        matchers.append(m)
-    items = [(m, i) for i, m in enumerate(matchers)]
-    serial = torch.zeros(8, (49216 + 31) // 32, dtype=torch.int32)
-    threaded = torch.full_like(serial, -1)
-    monkeypatch.setattr(bitmask_fill, "_plain_row_seconds", 0.0)
-    fill_bitmasks(items, serial, num_threads=4)  # cheap so far: one thread
-    batched = bitmask_fill._fill_xgrammar_batch
-    used = []
-    monkeypatch.setattr(bitmask_fill, "_fill_xgrammar_batch",
-                        lambda its, bm, threads, bans: used.append(threads) or
-                        batched(its, bm, threads, bans))
-    monkeypatch.setattr(bitmask_fill, "_plain_row_seconds", 1.0)
-    fill_bitmasks(items, threaded, num_threads=4)
-    assert used == [4] and torch.equal(serial, threaded)
-    monkeypatch.setattr(bitmask_fill, "_plain_row_seconds", 0.0)
-    fill_bitmasks(items, threaded, num_threads=4)
-    assert used == [4, 1]
-
-
 def test_optional_group_with_trailing_repetition(compiler, tokenizer):
     # xgrammar 0.2.8 alone admits "xb" for x(ab+)? ; the compiler rewrites ? as {0,1}
     grammar = compiler.compile(ConstraintSpec("regex", "x(ab+)?"), timeout=60)
