@@ -11,9 +11,9 @@ and the token bans over the whole vocabulary were most of the mask fill.
 from __future__ import annotations
 
 import argparse
-import json
 import cProfile
 import io
+import json
 import pstats
 
 from engine_offline import load, run
