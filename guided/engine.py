@@ -213,9 +213,9 @@ class Engine:
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
-        if self.config.jump_forward:  # its own only where the mask thread walks `matcher`
-            request.draft_matcher = (grammar.matcher() if self.overlap and
-                                     self.config.concurrent_masks else request.matcher)
+        if self.config.jump_forward:  # its own where a mask thread walks `matcher` meanwhile
+            request.draft_matcher = (grammar.matcher() if self.overlap and (
+                self.config.concurrent_masks or request.matcher.heavy) else request.matcher)
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 

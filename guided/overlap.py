@@ -93,10 +93,11 @@ class OverlappedSteps:
             elif not self._concurrent_masks:
                 with times.phase("mask_fill"):
                     fill = self._start_masks(launched[0], bitmask)
-                if fill.pending is None:  # all filled here: sample now
+                if not fill.in_progress:  # all filled here: sample now
                     previous = self._sample(launched, bitmask, fill.bans)
                     fill = None
-                # else mask shards fill the rest beside the proposals, scheduling, preparing
+                # else mask shards or side threads fill the rest beside the proposals,
+                # scheduling, preparing
             else:  # filled beside the proposals, scheduling and preparing of t+2
                 masks = runner.submit_host_job(lambda: self._timed_fill(launched[0], bitmask))
         try:
@@ -105,8 +106,11 @@ class OverlappedSteps:
         except BaseException:
             if masks is not None:
                 wait([masks])  # the fill walks matchers: let it end before anyone else does
-            if fill is not None:
-                fill.wait()  # the shards' replies are taken before the step fails
+            if fill is not None:  # shards' replies taken, side threads done, before it fails
+                try:
+                    fill.wait()
+                except Exception:  # noqa: BLE001 - the first fault is the one raised
+                    pass
             raise
         if fill is not None:
             with times.phase("mask_wait"):

@@ -116,7 +116,7 @@ class GrammarCompiler:
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
         from guided.fsm.backends.outlines_backend import OutlinesMatcher
-        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, has_long_repetition
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
@@ -143,8 +143,9 @@ class GrammarCompiler:
             compiled = xg.compile_grammar(spec.value)
         seconds = time.perf_counter() - start
         ban = xg.json_ban() if spec.kind in ("json_schema", "json_object") else None
+        heavy = has_long_repetition(compiled)
         return CompiledGrammar(spec, seconds, "xgrammar",
-                               lambda: XGrammarMatcher(compiled, vocab, ban=ban))
+                               lambda: XGrammarMatcher(compiled, vocab, ban=ban, heavy=heavy))
 
     def _outlines_backend(self):
         from guided.fsm.backends.outlines_backend import OutlinesBackend

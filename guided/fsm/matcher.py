@@ -15,6 +15,10 @@ class Matcher(ABC):
     the tokenizer's table (padded logits) and special tokens are never allowed.
     """
 
+    # rows that may cost milliseconds each (a long counted repetition): filled on side
+    # threads beside the step loop, never inline (guided/fsm/side_fill.py)
+    heavy = False
+
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""

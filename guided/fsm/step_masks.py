@@ -2,13 +2,15 @@
 row before every draft, then the bonus row), in the order the runner lays out sampled rows."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans, fill_draft_rows, note_ban
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans, note_ban
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
+from guided.fsm.side_fill import start_side_fills
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
@@ -20,17 +22,32 @@ class MaskFill:
     bans: Bans  # token bans still to apply to the rows (on the device, after the copy)
     pending: PendingFill | None  # shards' rows to wait for
     num_threads: int
+    side: list[Future] = field(default_factory=list)  # heavy rows on side threads
+
+    @property
+    def in_progress(self) -> bool:
+        return self.pending is not None or bool(self.side)
 
     def wait(self) -> Bans:
         """Every row filled; raises RuntimeError where a draft is rejected by its grammar."""
         pending, self.pending = self.pending, None
-        if pending is not None:
-            failed, error = pending.wait()
-            if failed:  # a shard failed: the engine's own matchers fill its rows
-                fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
-                                bans=self.bans)
-            if error is not None:
-                raise RuntimeError(error)
+        side, self.side = self.side, []
+        error = None
+        try:
+            if pending is not None:
+                failed, error = pending.wait()
+                if failed:  # a shard failed: the engine's own matchers fill its rows
+                    fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
+                                    bans=self.bans)
+        finally:
+            wait(side)  # the side threads walk matchers: they end before anyone goes on
+        for future in side:
+            problem = future.exception()
+            if problem is not None:
+                raise problem
+            merge_bans(self.bans, future.result())
+        if error is not None:
+            raise RuntimeError(error)
         return self.bans
 
 
@@ -70,6 +87,13 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
     bans: Bans = {}
+    heavy = [entry for entry in entries if entry[0].matcher.heavy]
+    side = []
+    if heavy:
+        entries = [entry for entry in entries if not entry[0].matcher.heavy]
+        side = start_side_fills([(r.matcher, drafts, first) for r, drafts, first in heavy],
+                                bitmask, num_threads=num_threads)
+        times.count("mask_rows_side", sum(len(d) + 1 for _, d, _ in heavy))
     pending = None
     if shards is not None and entries:
         local, remote, pending = shards.dispatch(entries, segment)
@@ -79,14 +103,17 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
     else:
         local = [(request.matcher, drafts, first) for request, drafts, first in entries]
-    fill = MaskFill(bitmask, bans, pending, num_threads)
+    fill = MaskFill(bitmask, bans, pending, num_threads, side)
     if local:
         if shards is not None:
             times.count("mask_rows_local", sum(len(d) + 1 for _, d, _ in local))
         try:
             fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans)
         except BaseException:
-            fill.wait()  # the shards' replies are taken before the step fails
+            try:  # the shards' replies are taken, the side threads done, before it fails
+                fill.wait()
+            except Exception:  # noqa: BLE001 - the first fault is the one raised
+                pass
             raise
     return fill
 

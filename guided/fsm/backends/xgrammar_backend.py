@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +24,20 @@ class TokenBan(NamedTuple):
     # (125 of 1536 words for SmolLM2's JSON ban; the whole width cost ~0.5 ms a step at 64)
     columns: np.ndarray
     column_words: np.ndarray
+
+
+# xgrammar spells a counted repetition {n}, {m,n} or {m, n} in its grammar text
+_COUNTS = re.compile(r"\{(\d+)(?:,\s*(\d+))?\}")
+# beyond this count a row inside the repetition costs ~0.2-8 ms on the CPU, against ~0.1 ms for
+# most JSON rows (a maxLength of 8192: 8 ms; benchmarks/row_costs.py)
+HEAVY_REPETITION = 64
+
+
+def has_long_repetition(compiled: xgr.CompiledGrammar) -> bool:
+    """Whether the grammar counts a repetition past HEAVY_REPETITION (a long maxLength or
+    maxItems, a regex's {m,n}): its matchers' rows are then filled off the step loop."""
+    return any(int(n or m) > HEAVY_REPETITION
+               for m, n in _COUNTS.findall(str(compiled.grammar)))
 
 
 class XGrammarBackend:
@@ -101,12 +116,13 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban", "compiled")
+    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban", "compiled", "heavy")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
-                 ban: TokenBan | None = None):
+                 ban: TokenBan | None = None, heavy: bool = False):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
+        self.heavy = heavy  # see Matcher.heavy
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None

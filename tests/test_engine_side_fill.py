@@ -1,0 +1,69 @@
+"""Heavy mask rows (a long counted repetition) filled on side threads, on the real default
+model on the CPU: the same tokens as with those rows filled inline, overlapped and synchronous,
+with and without mask shards; outputs valid."""
+from __future__ import annotations
+
+import json
+import time
+
+import jsonschema
+import pytest
+
+from guided import LLM, SamplingParams
+from guided.fsm.backends import xgrammar_backend
+
+NOTE = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
+                                         "note": {"type": "string", "maxLength": 300},
+                                         "stars": {"type": "integer"}},
+        "required": ["title", "note", "stars"], "additionalProperties": False}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def run(llm: LLM) -> list:
+    prompts = [llm.apply_chat_template([{"role": "user", "content": f"Review book {i} as JSON "
+                                         "with a title, a short note and stars."}])
+               for i in range(6)]
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=80,
+                             json_schema=NOTE if i % 2 else PERSON) for i in range(6)]
+    return llm.generate(prompts, params)
+
+
+@pytest.mark.parametrize("overlap,shards", [(True, 0), (False, 0), (True, 2)])
+def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards):
+    inline = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=overlap,
+                 mask_processes=shards)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(xgrammar_backend, "has_long_repetition", lambda compiled: False)
+            want = run(inline)
+            assert not inline.engine.step_times.counts.get("mask_rows_side")
+    finally:
+        inline.engine.shutdown()
+    side = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=overlap,
+               mask_processes=shards)
+    try:
+        engine = side.engine
+        if shards:
+            deadline = time.monotonic() + 120
+            while engine._shards.num_ready < shards:
+                assert time.monotonic() < deadline, "the mask shards did not start"
+                time.sleep(0.1)
+            run(side)  # ships the light grammar to the shards
+        engine.step_times.reset()
+        got = run(side)
+        assert engine.step_times.counts["mask_rows_side"] > 0
+        if shards:
+            assert engine.step_times.counts["mask_rows_shards"] > 0
+            assert not any(m.shard for m in engine._shards._mirrors.values())  # all released
+        for a, b in zip(got, want):
+            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        stopped = [(out, NOTE if i % 2 else PERSON) for i, out in enumerate(got)
+                   if out.finish_reason == "stop"]
+        assert any(schema is NOTE for _, schema in stopped), [o.text for o in got]
+        for out, schema in stopped:
+            jsonschema.validate(json.loads(out.text), schema)
+        assert engine.stats().kv_blocks_in_use == 0
+    finally:
+        side.engine.shutdown()
