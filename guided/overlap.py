@@ -20,6 +20,7 @@ without the GIL, but the Python around the fills and the loop's own contend for 
 slower on an H200 (benchmarks/RESULTS.md, session 5), so it is off by default."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from concurrent.futures import wait
@@ -107,10 +108,8 @@ class OverlappedSteps:
             if masks is not None:
                 wait([masks])  # the fill walks matchers: let it end before anyone else does
             if fill is not None:  # shards' replies taken, side threads done, before it fails
-                try:
+                with contextlib.suppress(Exception):  # the first fault is the one raised
                     fill.wait()
-                except Exception:  # noqa: BLE001 - the first fault is the one raised
-                    pass
             raise
         if fill is not None:
             with times.phase("mask_wait"):

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans, fill_draft_rows
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
+
+SIDE_SWITCH_INTERVAL = 0.0005
 
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
+_in_flight = 0  # side fills started and not yet waited for
+_loop_interval: float | None = None  # the switch interval to restore when none is
 
 
 def _executor(num_threads: int) -> ThreadPoolExecutor:
@@ -31,16 +35,15 @@ def _executor(num_threads: int) -> ThreadPoolExecutor:
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="heavy-rows")
-            # a side thread back from its GIL-free fill waits for the GIL while the loop runs
-            # Python: at the default 5 ms switch interval that wait is most of a step
-            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         return _pool
 
 
 def start_side_fills(entries: list[tuple], bitmask: torch.Tensor, *,
                      num_threads: int) -> list[Future]:
     """entries: (matcher, drafts, first row). One task per entry; each task's result is the
-    token bans its rows still need (raises RuntimeError for a draft its grammar rejects)."""
+    token bans its rows still need (raises RuntimeError for a draft its grammar rejects).
+    Call finish_side_fills with the futures before the matchers are touched again."""
+    global _in_flight, _loop_interval
     pool = _executor(num_threads)
 
     def fill(entry: tuple) -> Bans:
@@ -48,4 +51,32 @@ def start_side_fills(entries: list[tuple], bitmask: torch.Tensor, *,
         fill_draft_rows([entry], bitmask, num_threads=1, bans=bans)
         return bans
 
+    with _lock:
+        if _in_flight == 0:
+            # a side thread waits for the GIL to start its fill, and again after it, while
+            # the loop runs Python: up to the 5 ms default switch interval each time, most of
+            # a step; shorter while side fills are in flight, restored once they are in
+            _loop_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_loop_interval, SIDE_SWITCH_INTERVAL))
+        _in_flight += 1
     return [pool.submit(fill, entry) for entry in entries]
+
+
+def finish_side_fills(futures: list[Future]) -> Bans:
+    """Waits for every task of one start_side_fills; the merged bans, or the first task's
+    error raised (after all of them ended)."""
+    global _in_flight
+    try:
+        wait(futures)
+    finally:
+        with _lock:
+            _in_flight -= 1
+            if _in_flight == 0 and _loop_interval is not None:
+                sys.setswitchinterval(_loop_interval)
+    bans: Bans = {}
+    for future in futures:
+        problem = future.exception()
+        if problem is not None:
+            raise problem
+        merge_bans(bans, future.result())
+    return bans

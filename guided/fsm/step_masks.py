@@ -2,15 +2,16 @@
 row before every draft, then the bonus row), in the order the runner lays out sampled rows."""
 from __future__ import annotations
 
-from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
+import contextlib
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans, note_ban
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
-from guided.fsm.side_fill import start_side_fills
+from guided.fsm.side_fill import finish_side_fills, start_side_fills
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
@@ -22,16 +23,16 @@ class MaskFill:
     bans: Bans  # token bans still to apply to the rows (on the device, after the copy)
     pending: PendingFill | None  # shards' rows to wait for
     num_threads: int
-    side: list[Future] = field(default_factory=list)  # heavy rows on side threads
+    side: list[Future] | None = None  # heavy rows on side threads
 
     @property
     def in_progress(self) -> bool:
-        return self.pending is not None or bool(self.side)
+        return self.pending is not None or self.side is not None
 
     def wait(self) -> Bans:
         """Every row filled; raises RuntimeError where a draft is rejected by its grammar."""
         pending, self.pending = self.pending, None
-        side, self.side = self.side, []
+        side, self.side = self.side, None
         error = None
         try:
             if pending is not None:
@@ -40,12 +41,8 @@ class MaskFill:
                     fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
                                     bans=self.bans)
         finally:
-            wait(side)  # the side threads walk matchers: they end before anyone goes on
-        for future in side:
-            problem = future.exception()
-            if problem is not None:
-                raise problem
-            merge_bans(self.bans, future.result())
+            if side is not None:  # the side threads walk matchers: they end first
+                merge_bans(self.bans, finish_side_fills(side))
         if error is not None:
             raise RuntimeError(error)
         return self.bans
@@ -88,7 +85,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         times.count("mask_rows_ahead", len(src))
     bans: Bans = {}
     heavy = [entry for entry in entries if entry[0].matcher.heavy]
-    side = []
+    side = None
     if heavy:
         entries = [entry for entry in entries if not entry[0].matcher.heavy]
         side = start_side_fills([(r.matcher, drafts, first) for r, drafts, first in heavy],
@@ -110,10 +107,9 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         try:
             fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans)
         except BaseException:
-            try:  # the shards' replies are taken, the side threads done, before it fails
+            # the shards' replies taken, the side threads done, before it fails (first fault)
+            with contextlib.suppress(Exception):
                 fill.wait()
-            except Exception:  # noqa: BLE001 - the first fault is the one raised
-                pass
             raise
     return fill
 
