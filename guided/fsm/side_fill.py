@@ -6,8 +6,8 @@ counts state by state) costs 0.2-8 ms, against ~0.1 ms for most JSON rows
 loop or in one mask shard. xgrammar fills without the GIL, so these rows go to threads of their
 own as soon as a step's masks start, one task per request, and are filled during the rest of
 the host's work on the step (drafts, scheduling and preparing the next one); the step samples
-once they are in. Only heavy rows go here: for the ~0.1 ms rows the GIL round trips of a thread cost
-more than they save (concurrent_masks, benchmarks/RESULTS.md session 5).
+once they are in. Only heavy rows go here: for the ~0.1 ms rows the GIL round trips of a
+thread cost more than they save (concurrent_masks, benchmarks/RESULTS.md session 5).
 
 A heavy request's drafts are proposed on a second matcher (Request.draft_matcher), since the
 side thread walks its mask matcher meanwhile.
