@@ -31,6 +31,8 @@ _loop_interval: float | None = None  # the switch interval to restore when none 
 
 
 def _executor(num_threads: int) -> ThreadPoolExecutor:
+    """Its own pool, not bitmask_fill's: a loop's parallel fill must not queue behind a heavy
+    row that runs through the whole step."""
     global _pool
     with _lock:
         if _pool is None:

@@ -84,10 +84,12 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
     bans: Bans = {}
-    heavy = [entry for entry in entries if entry[0].matcher.heavy]
+    heavy = []
+    if any(request.matcher.heavy for request, _, _ in entries):
+        heavy = [entry for entry in entries if entry[0].matcher.heavy]
+        entries = [entry for entry in entries if not entry[0].matcher.heavy]
     side = None
     if heavy:
-        entries = [entry for entry in entries if not entry[0].matcher.heavy]
         side = start_side_fills([(r.matcher, drafts, first) for r, drafts, first in heavy],
                                 bitmask, num_threads=num_threads)
         times.count("mask_rows_side", sum(len(d) + 1 for _, d, _ in heavy))
