@@ -11,6 +11,7 @@ import xgrammar as xgr
 
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
+from guided.fsm.char_budgets import budget_long_repetitions, has_budget
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import check_schema, fix_optional_groups
 from guided.fsm.vocab import TokenVocab
@@ -34,10 +35,12 @@ HEAVY_REPETITION = 64
 
 
 def has_long_repetition(compiled: xgr.CompiledGrammar) -> bool:
-    """Whether the grammar counts a repetition past HEAVY_REPETITION (a long maxLength or
-    maxItems, a regex's {m,n}): its matchers' rows are then filled off the step loop."""
-    return any(int(n or m) > HEAVY_REPETITION
-               for m, n in _COUNTS.findall(str(compiled.grammar)))
+    """Whether the grammar counts a repetition past HEAVY_REPETITION (a long maxItems, a
+    regex's {m,n}) or budgets a long string (char_budgets.py): its matchers' rows are then
+    filled off the step loop."""
+    text = str(compiled.grammar)
+    return has_budget(text) or any(int(n or m) > HEAVY_REPETITION
+                                   for m, n in _COUNTS.findall(text))
 
 
 class XGrammarBackend:
@@ -82,8 +85,8 @@ class XGrammarBackend:
 
     def compile_json_schema(self, schema_text: str) -> xgr.CompiledGrammar:
         schema = check_schema(json.loads(schema_text))
-        return self._run(lambda: self.compiler.compile_json_schema(
-            json.dumps(schema), strict_mode=True, **self.json_options()), "json_schema")
+        return self._run(lambda: self._compile(xgr.Grammar.from_json_schema(
+            json.dumps(schema), strict_mode=True, **self.json_options())), "json_schema")
 
     def compile_json_object(self) -> xgr.CompiledGrammar:
         return self._run(lambda: self.compiler.compile_json_schema(
@@ -91,15 +94,22 @@ class XGrammarBackend:
 
     def compile_regex(self, pattern: str) -> xgr.CompiledGrammar:
         fixed = fix_optional_groups(pattern)
-        return self._run(lambda: self.compiler.compile_regex(fixed), "regex")
+        return self._run(lambda: self._compile(xgr.Grammar.from_regex(fixed)), "regex")
 
     def compile_grammar(self, ebnf: str) -> xgr.CompiledGrammar:
         """xgrammar's GBNF-style EBNF (as llama.cpp / vLLM / SGLang accept): rules
         `name ::= expr`, the start rule named `root`, "literals" with JSON-style escapes,
         [a-z] / [^...] character classes, grouping ( ), alternation |, repetition * + ? {m,n},
         # comments. Lark syntax (`start:`, `%import`) is not accepted."""
-        return self._run(lambda: self.compiler.compile_grammar(ebnf, root_rule_name="root"),
+        return self._run(lambda: self._compile(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")),
                          "grammar")
+
+    def _compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
+        """Long counted strings are compiled as character budgets (char_budgets.py)."""
+        budgeted = budget_long_repetitions(str(grammar))
+        if budgeted is not None:
+            grammar = xgr.Grammar.from_ebnf(budgeted)
+        return self.compiler.compile_grammar(grammar)
 
     @staticmethod
     def _run(compile_fn, kind: str) -> xgr.CompiledGrammar:

@@ -1,0 +1,52 @@
+"""Long counted repetitions of one character class, rewritten as character budgets.
+
+xgrammar 0.2.8 unrolls a repetition `c{m,n}` up to 128 and counts the rest with a repeat
+state and a lookahead. Inside such a repetition, and worse under a second parse path (an
+optional property before a bounded string), every mask row falls back to walking the
+vocabulary: a JSON string with maxLength 8192 costs ~8 ms a row on the CPU against ~0.15 ms
+for other rows, and compiling it takes seconds (upstream mlc-ai/xgrammar#852, unfixed in
+0.2.8; benchmarks/row_costs.py). The same language has a cheap spelling in xgrammar's own
+EBNF: `c{m}` followed by a rule `c*` with a budget of n - m characters (`[max_chars=...]`),
+whose masks come from the precomputed per-state cache until the budget is nearly spent.
+
+The rewrite is exact: a character class consumes one character per repetition, so the
+budget counts exactly the repetitions (tests/fsm/test_char_budgets.py compares every mask
+row along random walks with the original grammar's)."""
+from __future__ import annotations
+
+import re
+
+# xgrammar unrolls counted repetitions up to this many; beyond it the costly counted form
+UNROLLED = 128
+
+# a rule whose whole body is one character class, as xgrammar prints it: name ::= (([...]))
+_CLASS_RULE = re.compile(r"^(\w+) ::= \(\((\[(?:\\.|[^\\\]])*\])\)\)$", re.MULTILINE)
+# a bounded repetition of a rule: name{m, n} (n = -1 is unbounded: left alone)
+_REPEAT = re.compile(r"\b(\w+)\{(\d+),\s*(\d+)\}")
+
+
+def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
+    """The grammar text with each `c{m,n}` (c a one-class rule, n > above, m <= above)
+    spelled as `c{m} budget` where budget is `c*` limited to n - m characters; None when
+    nothing changes. A large minimum stays counted (it has no budget spelling)."""
+    classes = {name for name, _ in _CLASS_RULE.findall(ebnf)}
+    budgets: dict[str, str] = {}
+
+    def spell(match: re.Match) -> str:
+        name, low, high = match.group(1), int(match.group(2)), int(match.group(3))
+        if name not in classes or high <= above or low > above:
+            return match.group(0)
+        budget = f"{name}_budget_{high - low}"
+        budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
+        return f"{name}{{{low}}} {budget}" if low else budget
+
+    text = _REPEAT.sub(spell, ebnf)
+    if not budgets:
+        return None
+    return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"
+
+
+def has_budget(ebnf: str) -> bool:
+    """Whether the grammar text limits a rule's characters (its rows cost more as the budget
+    runs out: ~10 ms for the last few tokens on the CPU)."""
+    return "[max_chars=" in ebnf
