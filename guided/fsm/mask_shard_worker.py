@@ -37,7 +37,10 @@ def serve(conn) -> None:
     from guided.fsm.bitmask_fill import rejected_draft, traverse_chain
 
     torch.set_num_threads(1)
-    info = xgr.TokenizerInfo.deserialize_json(conn.recv())
+    try:
+        info = xgr.TokenizerInfo.deserialize_json(conn.recv())
+    except (EOFError, OSError):  # the engine exited while this shard was starting
+        return
     grammars: dict[int, object] = {}
     matchers: dict[str, object] = {}
     mapped: OrderedDict[str, torch.Tensor] = OrderedDict()
