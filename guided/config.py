@@ -38,6 +38,11 @@ class EngineConfig:
     # with jump_forward: up to this many prompt-lookup draft tokens past the forced text (the
     # last 2-4 tokens matched earlier in the request's tokens), verified like the forced ones
     lookup_draft_tokens: int = 4
+    # lookup guesses only while at most this many requests run (None: at any batch), as vLLM
+    # turns speculation off by batch size: at 256 on an H200 the 8B's guesses (rarely right for
+    # a random model) cost verify compute, mask rows and proposals, 23-33% of constrained
+    # throughput; at 64 and 128 they cost nothing measurable (benchmarks/RESULTS.md, session 10)
+    lookup_max_batch: int | None = 128
     # drafts (forced + lookup) verified per step, over all requests: past the GPU's
     # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
     max_draft_tokens_per_step: int | None = None
@@ -105,6 +110,8 @@ class EngineConfig:
              "max_draft_tokens_per_step must be >= 0 (or None)", "max_draft_tokens_per_step")
         need(self.lookup_draft_tokens >= 0, "lookup_draft_tokens must be >= 0",
              "lookup_draft_tokens")
+        need(self.lookup_max_batch is None or self.lookup_max_batch >= 0,
+             "lookup_max_batch must be >= 0 (or None)", "lookup_max_batch")
         need(0 <= self.mask_processes <= 64, "mask_processes must lie in [0, 64]",
              "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",

@@ -27,10 +27,11 @@ class DraftProposer:
         self.special_ids = special_ids
         self.overlap = overlap  # the next step assumes the drafts in flight accepted
 
-    def propose(self, request: Request) -> None:
+    def propose(self, request: Request, *, num_running: int = 1) -> None:
         """Set the request's draft_token_ids / draft_anchor / num_forced_drafts for its next
         step, from its draft matcher's state (and, while a step of it is in flight, after
-        it). The mask thread may be walking the request's other matcher meanwhile."""
+        it). The mask thread may be walking the request's other matcher meanwhile.
+        num_running: the batch size, which decides whether lookup guesses are drafted."""
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
@@ -40,7 +41,8 @@ class DraftProposer:
             return
         lookup_tokens = self.config.lookup_draft_tokens
         try:
-            lookup = self._lookup_index(request)
+            lookup = (self._lookup_index(request) if policy.drafts_lookup(
+                num_running, max_batch=self.config.lookup_max_batch) else None)
             if self.overlap and request.anchored_skip:
                 request.anchored_skip -= 1
                 drafts, num_forced = [], 0

@@ -291,10 +291,11 @@ class Engine:
         """Drafts for the next step of the requests the last update moved on (apart from the
         update: under overlap the mask thread starts filling in between)."""
         to_propose, self._to_propose = self._to_propose, []
+        num_running = len(self.scheduler.running)
         with self.step_times.phase("jump_forward"):
             for request in to_propose:
                 if not request.is_finished:
-                    self.drafts.propose(request)
+                    self.drafts.propose(request, num_running=num_running)
 
     def _append_token(self, request: Request, token: int, logprob) -> bool:
         """Append one sampled token; True if the request finished."""

@@ -2,6 +2,7 @@
 off, fewer forward passes; retokenization at the boundary; UTF-8; preemption; stop strings."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
+from guided.drafts import DraftProposer
 from guided.fsm.jump_forward import (
     complete_utf8_prefix,
     propose_anchored_drafts,
@@ -17,6 +19,7 @@ from guided.fsm.jump_forward import (
 )
 from guided.ngram import NgramIndex
 from guided.params import ConstraintSpec
+from guided.scheduler.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
@@ -105,6 +108,29 @@ def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
                                      lookup=index, lookup_tokens=4)
     assert tok.decode(drafts) in ("", "!")  # "xyz" after "!" is outside the grammar
     assert matcher.accept_token(tok.encode("cd", add_special_tokens=False)[0])  # state unchanged
+
+
+def test_lookup_drafts_stop_past_lookup_max_batch(llm_on):
+    """Above lookup_max_batch running requests only forced text is drafted (here: none)."""
+    engine = llm_on.engine
+    tok, token_bytes = llm_on.tokenizer, engine.compiler.vocab.token_bytes
+    compiled = engine.compiler.compile(ConstraintSpec(kind="regex", value=r'(ab|cd)+!'))
+    config = dataclasses.replace(engine.config, lookup_max_batch=2)
+    proposer = DraftProposer(config, engine._encoder, token_bytes, max_model_len=2048,
+                             max_draft_tokens=None, special_ids=frozenset(), overlap=False)
+    drafts = {}
+    for num_running in (2, 3):
+        out = tok.encode("abababab", add_special_tokens=False)
+        request = Request(request_id=f"r{num_running}", prompt_token_ids=[1, 2], params=greedy(
+            {"type": "string"}), seed=0, eos_token_ids=(), max_tokens=64)
+        request.matcher = request.draft_matcher = compiled.matcher()
+        for t in out:
+            assert request.matcher.accept_token(t)
+        request.output_token_ids = out
+        proposer.propose(request, num_running=num_running)
+        drafts[num_running] = request.draft_token_ids
+    assert tok.decode(drafts[2]).startswith("ab")
+    assert drafts[3] == []
 
 
 def test_anchored_drafts_follow_the_assumed_tokens_and_the_guessed_sample(llm_on):

@@ -92,6 +92,13 @@ def lookup_cooldown(consecutive_misses: int, *, max_cooldown: int = 32) -> int:
     return min(max_cooldown, 1 << min(consecutive_misses - 1, 16))
 
 
+def drafts_lookup(num_running: int, *, max_batch: int | None) -> bool:
+    """Whether prompt-lookup guesses are drafted at this batch size. Forced text always is (it
+    is never wrong); a guess costs a verify slot, a mask row and its proposal, which past the
+    GPU's memory-bound knee (a large batch) a rare hit does not pay back."""
+    return max_batch is None or num_running <= max_batch
+
+
 def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
     """Overlapped scheduling: whether a request whose previous step is still in flight joins
     this one. It joins on that step's last sample (gathered on the device) and assumes that

@@ -71,3 +71,10 @@ def test_joins_while_in_flight():
     assert policy.joins_while_in_flight(needs_history=False, tokens_left=3)
     assert not policy.joins_while_in_flight(needs_history=True, tokens_left=3)
     assert not policy.joins_while_in_flight(needs_history=False, tokens_left=0)
+
+
+def test_lookup_drafts_only_up_to_the_batch_limit():
+    assert policy.drafts_lookup(128, max_batch=128)
+    assert not policy.drafts_lookup(129, max_batch=128)
+    assert policy.drafts_lookup(10_000, max_batch=None)
+    assert not policy.drafts_lookup(1, max_batch=0)
