@@ -39,9 +39,9 @@ class EngineConfig:
     # last 2-4 tokens matched earlier in the request's tokens), verified like the forced ones
     lookup_draft_tokens: int = 4
     # lookup guesses only while at most this many requests run (None: at any batch), as vLLM
-    # turns speculation off by batch size: at 256 on an H200 the 8B's guesses (rarely right for
-    # a random model) cost verify compute, mask rows and proposals, 23-33% of constrained
-    # throughput; at 64 and 128 they cost nothing measurable (benchmarks/RESULTS.md, session 10)
+    # turns speculation off by batch size: past the GPU's memory-bound knee a guess costs verify
+    # compute, a mask row and its proposal; on an H200 at 256 the default model's constrained
+    # throughput gained 9% without them, the 8B's none (benchmarks/RESULTS.md, session 10)
     lookup_max_batch: int | None = 128
     # drafts (forced + lookup) verified per step, over all requests: past the GPU's
     # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
