@@ -280,8 +280,11 @@ def accept_tokens(pairs: list[tuple[Matcher, int]]) -> list[bool]:
     if _all_xgrammar([m for m, _ in pairs]):
         import xgrammar as xgr
 
-        return [bool(ok) for ok in xgr.BatchGrammarMatcher.batch_accept_token(
-            [m.xgrammar_matcher for m, _ in pairs], [token for _, token in pairs])]
+        oks = xgr.BatchGrammarMatcher.batch_accept_token(
+            [m.xgrammar_matcher for m, _ in pairs], [token for _, token in pairs])
+        for matcher, token in pairs:
+            matcher.note_accepted(token)
+        return [bool(ok) for ok in oks]
     return [matcher.accept_token(token) for matcher, token in pairs]
 
 

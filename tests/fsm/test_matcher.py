@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from guided.config import EngineConfig
-from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.fsm.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
 from guided.fsm.compiler import GrammarCompiler
 from guided.params import ConstraintSpec
 
@@ -68,6 +68,19 @@ def test_eos_not_allowed_mid_grammar(compiler, tokenizer):
     m.fill_bitmask(bitmask, 0)
     assert EOS not in allowed(bitmask, 0)
     assert not m.accept_token(EOS) and not m.accept_token(99999)
+
+
+def test_batched_accept_of_eos_terminates(compiler, tokenizer):
+    """A stop token taken by xgrammar's batched accept (the draft walk's) ends the matcher as
+    the wrapper's own accept does (is_terminated asks xgrammar only after a stop token)."""
+    grammar = compiler.compile(ConstraintSpec("regex", "abc"), timeout=60)
+    done, other = grammar.matcher(), grammar.matcher()
+    assert feed(done, tokenizer, "abc") and not done.is_terminated()
+    first = tokenizer.encode("a", add_special_tokens=False)[0]
+    assert accept_tokens([(done, EOS), (other, first)]) == [True, True]
+    assert done.is_terminated() and not other.is_terminated()
+    rollback_all({done: 1, other: 1})
+    assert not done.is_terminated()
 
 
 @pytest.mark.parametrize("spec, text", [(c[0], c[1]) for c in CASES], ids=lambda x: getattr(

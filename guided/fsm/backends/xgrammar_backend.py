@@ -126,7 +126,7 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_matcher", "_num_tokens", "ban", "compiled", "heavy")
+    __slots__ = ("_eos", "_matcher", "_num_tokens", "_stopped", "ban", "compiled", "heavy")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None, heavy: bool = False):
@@ -136,6 +136,10 @@ class XGrammarMatcher(Matcher):
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None
+        # whether a stop token was ever accepted: only then can the matcher be terminated. The
+        # step loop asks ~300 times a step at 256 requests; each call into xgrammar lets go of
+        # the GIL, which the mask and side threads then hold for a while
+        self._stopped = False
 
     @property
     def xgrammar_matcher(self) -> xgr.GrammarMatcher:
@@ -147,10 +151,17 @@ class XGrammarMatcher(Matcher):
             return False
         if self.ban is not None and token_id in self.ban.ids:
             return False
+        if token_id in self._eos:
+            self._stopped = True
         return self._matcher.accept_token(token_id)
 
+    def note_accepted(self, token_id: int) -> None:
+        """A token accepted on the xgrammar matcher itself (a batched accept)."""
+        if token_id in self._eos:
+            self._stopped = True
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._matcher.is_terminated():
+        if self.is_terminated():
             bitmask[row].zero_()
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
@@ -162,13 +173,13 @@ class XGrammarMatcher(Matcher):
             self._matcher.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
-        return self._matcher.is_terminated()
+        return self._stopped and self._matcher.is_terminated()
 
     def ended_with(self, token_id: int) -> bool:
         return token_id in self._eos and self._matcher.is_terminated()
 
     def forced_string(self) -> bytes:
-        if self._matcher.is_terminated():  # find_jump_forward_string raises once terminated
+        if self.is_terminated():  # find_jump_forward_string raises once terminated
             return b""
         try:
             return self._matcher.find_jump_forward_string().encode("utf-8", "surrogatepass")
@@ -176,6 +187,6 @@ class XGrammarMatcher(Matcher):
             return b""
 
     def accept_bytes(self, data: bytes) -> bool:
-        if self._matcher.is_terminated():
+        if self.is_terminated():
             return False
         return self._matcher.accept_string(data)
