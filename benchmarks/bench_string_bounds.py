@@ -1,5 +1,6 @@
 """Masks inside length-bounded JSON strings: our compile (a counted plain-character pattern up
-to 64 characters, xgrammar's keywords beyond, control-byte tokens removed) against xgrammar's
+to 64 characters, xgrammar's keywords beyond, as character budgets past 128: char_budgets.py;
+control-byte tokens removed) against xgrammar's
 own minLength / maxLength rule, and the compile times. A random walk inside the string (a random allowed token each
 step, as a random-weight model writes) times each fill. Prints one markdown table.
 
