@@ -23,6 +23,9 @@ UNROLLED = 128
 _CLASS_RULE = re.compile(r"^(\w+) ::= \(\((\[(?:\\.|[^\\\]])*\])\)\)$", re.MULTILINE)
 # a bounded repetition of a rule: name{m, n} (n = -1 is unbounded: left alone)
 _REPEAT = re.compile(r"\b(\w+)\{(\d+),\s*(\d+)\}")
+# a quoted literal (or a Regex("...") node's pattern) or a character class (which may hold a
+# quote): scanned as units, never rewritten inside
+_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
 
 
 def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
@@ -40,7 +43,9 @@ def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
         budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
         return f"{name}{{{low}}} {budget}" if low else budget
 
-    text = _REPEAT.sub(spell, ebnf)
+    pieces, opaque = _OPAQUE.split(ebnf), _OPAQUE.findall(ebnf)
+    text = "".join(_REPEAT.sub(spell, piece) + (opaque[i] if i < len(opaque) else "")
+                   for i, piece in enumerate(pieces))
     if not budgets:
         return None
     return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"

@@ -36,6 +36,7 @@ def test_rewrites_long_counts_of_one_class():
     f'root ::= ((c{{300, 1000}}))\n{CLASS}\n',  # a large minimum has no budget spelling
     f'root ::= ((c{{300, -1}}))\n{CLASS}\n',  # unbounded
     'root ::= ((item{0, 500}))\nitem ::= (("a" "b"))\n',  # not one character class
+    f'root ::= (("c{{0, 500}}" c))\n{CLASS}\n',  # inside a literal
 ])
 def test_leaves_other_repetitions(text):
     assert budget_long_repetitions(text) is None

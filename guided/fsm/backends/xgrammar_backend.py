@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import NamedTuple
 
@@ -15,6 +16,8 @@ from guided.fsm.char_budgets import budget_long_repetitions, has_budget
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import check_schema, fix_optional_groups
 from guided.fsm.vocab import TokenVocab
+
+log = logging.getLogger(__name__)
 
 
 class TokenBan(NamedTuple):
@@ -101,14 +104,17 @@ class XGrammarBackend:
         `name ::= expr`, the start rule named `root`, "literals" with JSON-style escapes,
         [a-z] / [^...] character classes, grouping ( ), alternation |, repetition * + ? {m,n},
         # comments. Lark syntax (`start:`, `%import`) is not accepted."""
-        return self._run(lambda: self._compile(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")),
-                         "grammar")
+        return self._run(
+            lambda: self._compile(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")), "grammar")
 
     def _compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
         """Long counted strings are compiled as character budgets (char_budgets.py)."""
         budgeted = budget_long_repetitions(str(grammar))
         if budgeted is not None:
-            grammar = xgr.Grammar.from_ebnf(budgeted)
+            try:
+                grammar = xgr.Grammar.from_ebnf(budgeted)
+            except Exception:  # noqa: BLE001 - e.g. a user's rule named like a budget: as is
+                log.warning("character budgets did not parse; compiling the grammar as it is")
         return self.compiler.compile_grammar(grammar)
 
     @staticmethod
