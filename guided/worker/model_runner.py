@@ -19,6 +19,7 @@ from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.host_bitmasks import HostBitmasks
+from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
 from guided.worker.sampler import DeviceSample, SamplingRows, position_seed, sample_on_device
@@ -247,19 +248,19 @@ class ModelRunner:
         dev = self.device
         query_lens = [b - a for a, b in pairwise(query_start)]
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            block_tables=torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32).to(dev, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
+            slot_mapping=list_tensor(slots, torch.int64).to(dev, non_blocking=True),
+            block_tables=list_tensor(tables, torch.int32).to(dev, non_blocking=True),
+            query_start_loc=list_tensor(query_start, torch.int32).to(dev, non_blocking=True),
+            seq_lens=list_tensor(seq_lens, torch.int32).to(dev, non_blocking=True),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             use_triton=self.use_triton,
         )
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
-            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
+            input_ids=list_tensor(ids, torch.int64).to(dev, non_blocking=True),
+            positions=list_tensor(positions, torch.int64).to(dev, non_blocking=True),
             meta=meta,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(dev,
+            logits_indices=list_tensor(logits_indices, torch.int64).to(dev,
                                                                                non_blocking=True),
             rows=rows, row_owner=row_owner, mask_rows=mask_rows, num_mask_rows=num_mask_rows,
             query_lens=query_lens,
@@ -299,8 +300,8 @@ class ModelRunner:
         device, where the placeholder inputs come from (queued after that step's sampling)."""
         with self.times.phase("forward_launch"):
             if inputs.placeholder_index:
-                index = torch.tensor(inputs.placeholder_index, dtype=torch.int64)
-                rows = torch.tensor(inputs.placeholder_row, dtype=torch.int64)
+                index = list_tensor(inputs.placeholder_index, torch.int64)
+                rows = list_tensor(inputs.placeholder_row, torch.int64)
                 inputs.input_ids[index.to(self.device, non_blocking=True)] = previous[
                     rows.to(self.device, non_blocking=True)]
             hidden = self._forward(inputs)
@@ -322,7 +323,7 @@ class ModelRunner:
             bitmask = self._bitmasks.to_device(bitmask_host)
             if bans:
                 apply_bans(bitmask, bans)
-            mask_rows = torch.tensor(inputs.mask_rows, dtype=torch.int32).to(self.device,
+            mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(self.device,
                                                                              non_blocking=True)
         with self.times.phase("sample_launch"):
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
@@ -340,11 +341,11 @@ class ModelRunner:
         with times.phase("prepare"):
             inputs = self.prepare(sched, [False] * len(sched.scheduled))
             dev, bs = self.device, self.block_size
-            seeds = torch.tensor(
+            seeds = list_tensor(
                 [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
                   for item in sched.scheduled] for k in range(num_steps)],
-                dtype=torch.int64).to(dev, non_blocking=True)  # (S, B)
-            temperature = torch.tensor(inputs.rows.temperature, dtype=torch.float32).to(
+                torch.int64).to(dev, non_blocking=True)  # (S, B)
+            temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
                 dev, non_blocking=True)
         meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
         steps: list[torch.Tensor] = []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from guided.kernels.bitmask import apply_token_bitmask_, gumbel_noise_ref, masked_sample
+from guided.worker.host_lists import list_tensor
 
 _MASK64 = (1 << 64) - 1
 
@@ -135,8 +136,8 @@ def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Te
     """logits (N, V_logits) on the device; bitmask (M, W) int32 on the device or None;
     mask_rows (N,) int32 row of bitmask per logits row (-1: unconstrained)."""
     device = logits.device
-    temperature = torch.tensor(rows.temperature, dtype=torch.float32).to(device, non_blocking=True)
-    seeds = torch.tensor(rows.seeds, dtype=torch.int64).to(device, non_blocking=True)
+    temperature = list_tensor(rows.temperature, torch.float32).to(device, non_blocking=True)
+    seeds = list_tensor(rows.seeds, torch.int64).to(device, non_blocking=True)
     wanted = [i for i, k in enumerate(rows.num_logprobs) if k >= 0]
     # log-probabilities of the raw model distribution (as vLLM reports them)
     lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
