@@ -8,8 +8,7 @@ _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float3
 
 
 def list_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-    """torch.tensor(values, dtype=dtype) at a third of the cost for long lists: numpy converts
-    Python numbers without torch's per-element dispatch. A step at 256 requests builds ~10 such
-    tensors, a 256 x 48 block table among them (0.69 ms with torch.tensor on the CI CPU, 0.23
-    ms here: benchmarks/RESULTS.md, session 10)."""
+    """torch.tensor(values, dtype=dtype) at about a third of the cost for long lists: numpy
+    converts Python numbers without torch's per-element dispatch. A step at 256 requests builds
+    ~10 such tensors, a 256 x 48 block table among them (benchmarks/bench_host_lists.py)."""
     return torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
