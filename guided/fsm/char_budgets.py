@@ -19,10 +19,12 @@ import re
 # xgrammar unrolls counted repetitions up to this many; beyond it the costly counted form
 UNROLLED = 128
 
+# xgrammar's rule names may hold '-' and '.'
+_NAME = r"[\w.-]+"
 # a rule whose whole body is one character class, as xgrammar prints it: name ::= (([...]))
-_CLASS_RULE = re.compile(r"^(\w+) ::= \(\((\[(?:\\.|[^\\\]])*\])\)\)$", re.MULTILINE)
+_CLASS_RULE = re.compile(rf"^({_NAME}) ::= \(\((\[(?:\\.|[^\\\]])*\])\)\)$", re.MULTILINE)
 # a bounded repetition of a rule: name{m, n} (n = -1 is unbounded: left alone)
-_REPEAT = re.compile(r"\b(\w+)\{(\d+),\s*(\d+)\}")
+_REPEAT = re.compile(rf"(?<![\w.-])({_NAME})\{{(\d+),\s*(\d+)\}}")
 # a quoted literal (or a Regex("...") node's pattern) or a character class (which may hold a
 # quote): scanned as units, never rewritten inside
 _OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
@@ -40,6 +42,8 @@ def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
         if name not in classes or high <= above or low > above:
             return match.group(0)
         budget = f"{name}_budget_{high - low}"
+        while re.search(rf"(?<![\w.-]){re.escape(budget)}(?![\w.-])", ebnf):
+            budget += "_"  # a name the grammar already uses
         budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
         return f"{name}{{{low}}} {budget}" if low else budget
 

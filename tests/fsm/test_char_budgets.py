@@ -42,6 +42,20 @@ def test_leaves_other_repetitions(text):
     assert budget_long_repetitions(text) is None
 
 
+def test_rule_names_with_dashes_and_taken_budget_names(compiler):
+    """xgrammar's names may hold '-': the whole name is the repeated rule; a budget's name
+    never takes one the grammar already uses (the language stays the same)."""
+    ebnf = ('root ::= x-c{0,300}\nx-c ::= [0-9]\nc ::= [a-z]\n'
+            'x-c_budget_300 ::= "zzz"\nunused ::= x-c_budget_300\n')
+    budgeted = budget_long_repetitions(str(xgr.Grammar.from_ebnf(ebnf)))
+    assert "x-c_budget_300_[max_chars=300] ::= x-c*" in budgeted
+    grammar = compiler.compile(ConstraintSpec("grammar", ebnf), timeout=120)
+    eos = compiler.vocab.eos_token_ids[0]
+    for text, ok in [(b"1" * 300, True), (b"1" * 301, False), (b"zzz", False), (b"abc", False)]:
+        matcher = grammar.matcher()
+        assert (matcher.accept_bytes(text) and matcher.accept_token(eos)) is ok, text
+
+
 def test_budgeted_text_compiles_as_ebnf():
     text = f'root ::= (("\\"" c{{3, 300}} "\\""))\n{CLASS}\n'
     grammar = xgr.Grammar.from_ebnf(budget_long_repetitions(text))
