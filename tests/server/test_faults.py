@@ -148,8 +148,10 @@ def test_disconnect_while_queued(url):
 
 
 def test_disconnect_while_compiling(url):
-    # A schema that takes seconds to compile (a huge maxLength), made unique so no cache has it.
-    schema = {"type": "string", "maxLength": 10 ** 9 + random.randrange(10 ** 6)}
+    # A schema that takes seconds to compile (a long counted pattern: ~4 s on a 2-core CI
+    # machine; a huge maxLength compiles at once as a character budget), unique: no cache has it.
+    count = 10_000 + random.randrange(1000)
+    schema = {"type": "string", "pattern": f"^[a-z]{{0,{count}}}$"}
     before = metrics(url)
     start = time.monotonic()
     disconnect_after(url, long_chat(json_schema=schema, max_tokens=4), 1.0)
@@ -158,7 +160,7 @@ def test_disconnect_while_compiling(url):
     time.sleep(8)
     after = wait_for(url, idle)
     assert after["guided_prompt_tokens_total"] == before["guided_prompt_tokens_total"]
-    streaming = {**long_chat(json_schema={**schema, "maxLength": schema["maxLength"] + 1}),
+    streaming = {**long_chat(json_schema={**schema, "pattern": f"^[a-z]{{0,{count + 1}}}$"}),
                  "stream": True, "max_tokens": 4}
     disconnect_after(url, streaming, 1.0)
     time.sleep(8)
