@@ -62,12 +62,17 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
             "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
 
 
+def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
+    """One token of every row, which compiles every grammar once; the rows not refused."""
+    warm = run(engine, rows, 1, free=False, tag="w")
+    return [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+
+
 def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
     """Constrained vs unconstrained on the same prompts with the same output lengths, grammars
     compiled beforehand (compile time is measured by bench_grammar.py): the cost of masking.
     Refused schemas are dropped from both runs."""
-    warm = run(engine, rows, 1, free=False, tag="w")  # compiles every grammar once
-    kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+    kept = compile_all(engine, rows)
     constrained = run(engine, kept, max_tokens, free=False, tag="c")
     lengths = [max(1, n) for n in constrained["lengths"]]
     free = run(engine, kept, lengths, free=True, tag="f")
@@ -81,8 +86,7 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int) -
     one pair's ratio moves with the host's speed from run to run (a 3 s run on the H200's
     host moved 1.3x between runs of one call), the median of several holds still. Round 1
     prefills prompts the later rounds find in the prefix cache."""
-    warm = run(engine, rows, 1, free=False, tag="w")
-    kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+    kept = compile_all(engine, rows)
     pairs = []
     for k in range(num_rounds):
         constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")

@@ -23,11 +23,11 @@ UNROLLED = 128
 _NAME = r"[\w.-]+"
 # a rule whose whole body is one character class, as xgrammar prints it: name ::= (([...]))
 _CLASS_RULE = re.compile(rf"^({_NAME}) ::= \(\((\[(?:\\.|[^\\\]])*\])\)\)$", re.MULTILINE)
-# a bounded repetition of a rule: name{m, n} (n = -1 is unbounded: left alone)
-_REPEAT = re.compile(rf"(?<![\w.-])({_NAME})\{{(\d+),\s*(\d+)\}}")
-# a quoted literal (or a Regex("...") node's pattern) or a character class (which may hold a
-# quote): scanned as units, never rewritten inside
-_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
+# scanned left to right: a quoted literal (or a Regex("...") node's pattern) or a character
+# class (which may hold a quote), passed over whole; or a bounded repetition of a rule,
+# name{m, n} (n = -1 is unbounded: left alone)
+_SCAN = re.compile(rf'(?P<opaque>"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\])'
+                   rf"|(?<![\w.-])(?P<name>{_NAME})\{{(?P<low>\d+),\s*(?P<high>\d+)\}}")
 
 
 def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
@@ -38,7 +38,9 @@ def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
     budgets: dict[str, str] = {}
 
     def spell(match: re.Match) -> str:
-        name, low, high = match.group(1), int(match.group(2)), int(match.group(3))
+        if match.group("opaque"):
+            return match.group(0)
+        name, low, high = match.group("name"), int(match.group("low")), int(match.group("high"))
         if name not in classes or high <= above or low > above:
             return match.group(0)
         budget = f"{name}_budget_{high - low}"
@@ -47,9 +49,7 @@ def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
         budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
         return f"{name}{{{low}}} {budget}" if low else budget
 
-    pieces, opaque = _OPAQUE.split(ebnf), _OPAQUE.findall(ebnf)
-    text = "".join(_REPEAT.sub(spell, piece) + (opaque[i] if i < len(opaque) else "")
-                   for i, piece in enumerate(pieces))
+    text = _SCAN.sub(spell, ebnf)
     if not budgets:
         return None
     return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"
