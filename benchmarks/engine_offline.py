@@ -50,7 +50,10 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
         limit = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
         engine.add_request(f"{tag}{i}", prompt, params_for(row, limit, free))
+    t_added = time.perf_counter()
+    num_calls = 0
     while engine.has_unfinished_requests():
+        num_calls += 1
         for out in engine.step():
             if out.finished:
                 tokens += len(out.token_ids)
@@ -58,8 +61,21 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
                 lengths[int(out.request_id[len(tag):])] = len(out.token_ids)
     elapsed = time.perf_counter() - t0
     return {"tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed,
-            "refused": refused, "phases": engine.step_times.summary(),
+            "refused": refused,
+            "phases": engine.step_times.summary() + loop_time(engine, t_added - t0,
+                                                              time.perf_counter() - t_added,
+                                                              num_calls),
             "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
+
+
+def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) -> str:
+    """The run's time outside the phases: adding the requests (templates, tokenizing), and the
+    step loop's time no phase names (a gap here is host work no phase times)."""
+    times = engine.step_times
+    named = sum(v for k, v in times.seconds.items() if not k.endswith("(thread)"))
+    steps = max(times.counts.get("steps", 0), 1)
+    return (f" | adding {adding * 1e3:.0f} ms, stepping {stepping * 1e3:.0f} ms in {num_calls}"
+            f" calls, unnamed {(stepping - named) * 1e3 / steps:.2f} ms a step")
 
 
 def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:

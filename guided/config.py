@@ -46,6 +46,11 @@ class EngineConfig:
     # drafts (forced + lookup) verified per step, over all requests: past the GPU's
     # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
     max_draft_tokens_per_step: int | None = None
+    # overlapped scheduling: drafts anchored on a request's in-flight sample only while such
+    # proposals gain at least this many tokens each on average (a miss costs a step: -1); a
+    # random-weights model gains ~0 and its drafts cost more than they save (RESULTS, session
+    # 11); a large negative value anchors always
+    min_anchor_gain: float = 0.5
     any_whitespace: bool = False  # compact JSON separators: bounded, and long forced strings
     max_whitespace: int = 2  # with any_whitespace: the longest whitespace run between JSON tokens
     compile_threads: int = 4

@@ -4,6 +4,7 @@ the cool-downs that stop proposing guesses that keep missing."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from guided.config import EngineConfig
 from guided.fsm.jump_forward import CachedEncoder, propose_anchored_drafts, propose_draft_tokens
@@ -15,11 +16,35 @@ from guided.scheduler.scheduler import ScheduledRequest
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class AnchorPayoff:
+    """What anchored proposals gained lately, over all requests (whether the model writes the
+    grammar's forced text in the tokens drafted is the model's trait): a running mean of the
+    tokens each gained against an unanchored step, its accepted drafts on a hit, -1 on a miss.
+    While it is below the bar one proposal in probe_every is still anchored, to see again."""
+    min_gain: float = 0.5
+    mean_gain: float = 1.0  # drafts are tried first
+    weight: float = 1 / 64
+    probe_every: int = 8
+    num_asked: int = 0  # proposals asked about while below the bar
+
+    def note(self, gain: int) -> None:
+        self.mean_gain += self.weight * (gain - self.mean_gain)
+
+    def allows(self) -> bool:
+        if policy.anchoring_pays(self.mean_gain, min_gain=self.min_gain):
+            return True
+        self.num_asked += 1
+        return self.num_asked % self.probe_every == 0
+
+
 class DraftProposer:
     def __init__(self, config: EngineConfig, encoder: CachedEncoder, token_bytes: list[bytes],
                  *, max_model_len: int, max_draft_tokens: int | None,
-                 special_ids: frozenset[int], overlap: bool):
+                 special_ids: frozenset[int], overlap: bool,
+                 payoff: AnchorPayoff | None = None):
         self.config = config
+        self.payoff = payoff or AnchorPayoff(min_gain=config.min_anchor_gain)
         self.encoder = encoder
         self.token_bytes = token_bytes
         self.max_model_len = max_model_len
@@ -47,6 +72,8 @@ class DraftProposer:
                 request.anchored_skip -= 1
                 drafts, num_forced = [], 0
             elif inflight is not None:
+                if not self.payoff.allows():
+                    return
                 assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
                 request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
                     self.encoder, self.token_bytes, request.draft_matcher,
@@ -76,15 +103,20 @@ class DraftProposer:
         return request.ngram
 
 
-def note_anchor_missed(request: Request, item: ScheduledRequest) -> None:
+def note_anchor_missed(request: Request, item: ScheduledRequest,
+                       payoff: AnchorPayoff | None = None) -> None:
     """The entry's drafts were anchored on a token its previous step did not sample."""
+    if payoff is not None:
+        payoff.note(-1)
     if item.num_draft_tokens > item.num_forced_drafts:  # the anchor was a lookup guess
         _lookup_missed(request)
 
 
 def note_verified(request: Request, item: ScheduledRequest, drafts: list[int],
-                  num_matched: int) -> None:
+                  num_matched: int, payoff: AnchorPayoff | None = None) -> None:
     """After the entry's drafts were verified (num_matched kept)."""
+    if payoff is not None and item.anchor is not None and not item.drafts_void:
+        payoff.note(num_matched)
     if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
         if num_matched > item.num_forced_drafts:
             request.lookup_misses = 0

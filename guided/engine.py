@@ -10,7 +10,7 @@ import time
 
 from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
-from guided.drafts import DraftProposer, note_anchor_missed, note_verified
+from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
@@ -61,6 +61,7 @@ class Engine:
         self._compiler = None
         self._shards: MaskShards | None = None  # started with the compiler
         self._drafts: DraftProposer | None = None
+        self.anchor_payoff = AnchorPayoff(min_gain=config.min_anchor_gain)
         self.requests: dict[str, Request] = {}
         self._to_propose: list[Request] = []  # moved on by the last update, drafts to make
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
@@ -105,7 +106,7 @@ class Engine:
             self._drafts = DraftProposer(
                 self.config, self._encoder, self.compiler.vocab.token_bytes,
                 max_model_len=self.max_model_len, max_draft_tokens=self.runner.max_draft_tokens,
-                special_ids=self._special_ids, overlap=self.overlap)
+                special_ids=self._special_ids, overlap=self.overlap, payoff=self.anchor_payoff)
         return self._drafts
 
     def _eos_ids(self) -> tuple[int, ...]:
@@ -179,13 +180,14 @@ class Engine:
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        for request in self.scheduler.promote_compiled(self._make_matcher):
-            request.error_type = "constraint"
-            self._finish(request, "error", error=request.error)
+        times = self.step_times
+        with times.phase("promote"):
+            for request in self.scheduler.promote_compiled(self._make_matcher):
+                request.error_type = "constraint"
+                self._finish(request, "error", error=request.error)
         if self._overlapped is not None:
             self._overlapped.step()
             return self._collect_outputs()
-        times = self.step_times
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
         if sched.scheduled:
@@ -261,7 +263,7 @@ class Engine:
             drafts = item.draft_token_ids
             if item.drafts_void:  # anchored on a token the previous step did not sample
                 self.step_times.count("anchor_misses")
-                note_anchor_missed(request, item)
+                note_anchor_missed(request, item, self.anchor_payoff)
                 drafts, tokens = [], tokens[:1]
             elif item.anchor is not None:
                 self.step_times.count("anchor_hits")
@@ -277,7 +279,7 @@ class Engine:
                     break
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
-            note_verified(request, item, drafts, num_matched)
+            note_verified(request, item, drafts, num_matched, self.anchor_payoff)
             if request.is_finished:
                 continue
             self.scheduler.settle_in_flight(request, kept_all_drafts=num_matched == len(drafts))
@@ -288,8 +290,7 @@ class Engine:
                 self._to_propose.append(request)
 
     def _propose(self) -> None:
-        """Drafts for the next step of the requests the last update moved on (apart from the
-        update: under overlap the mask thread starts filling in between)."""
+        """Drafts for the requests the last update moved on (under overlap: after the fill)."""
         to_propose, self._to_propose = self._to_propose, []
         num_running = len(self.scheduler.running)
         with self.step_times.phase("jump_forward"):
@@ -352,6 +353,10 @@ class Engine:
                   len(request.output_token_ids))
 
     def _collect_outputs(self) -> list[RequestOutput]:
+        with self.step_times.phase("outputs"):
+            return self._outputs()
+
+    def _outputs(self) -> list[RequestOutput]:
         outputs = []
         for request in self._changed.values():
             text = request.text

@@ -81,14 +81,16 @@ class OverlappedSteps:
             self._sampled = None
             with times.phase("sample_wait"):
                 result = sampled.result()
-            self._scheduler.landed(sched)
+            with times.phase("bookkeeping"):
+                self._scheduler.landed(sched)
             with times.phase("update"):
                 self._update(sched, result)
         launched = self._launched
         self._launched = None
         bitmask = masks = fill = previous = None
         if launched is not None:
-            bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
+            with times.phase("bookkeeping"):
+                bitmask = runner.new_bitmask(launched[1].inputs.num_mask_rows)
             if bitmask is None:  # nothing to wait for: t+1 samples while the host goes on
                 previous = self._sample(launched, None)
             elif not self._concurrent_masks:
@@ -122,7 +124,8 @@ class OverlappedSteps:
         if inputs is not None:
             self._launched = (sched, runner.launch(
                 inputs, None if previous is None else previous.token_ids))
-            self._scheduler.launched(sched)
+            with times.phase("bookkeeping"):
+                self._scheduler.launched(sched)
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
                 bitmask: torch.Tensor | None, bans: Bans | None = None) -> SampledStep:

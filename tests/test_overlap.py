@@ -86,6 +86,31 @@ def test_drafts_anchored_on_the_in_flight_sample_keep_outputs_and_save_passes(pa
     assert overlap.engine.stats().kv_blocks_in_use == 0
 
 
+def test_anchoring_held_back_while_it_does_not_pay_keeps_outputs(pair):
+    """An engine whose anchored proposals gain too little anchors only one in probe_every:
+    far fewer anchored entries, the same outputs."""
+    sync, overlap = pair
+    ps = prompts(sync, 6)
+    params = [SamplingParams(temperature=0, max_tokens=60, json_schema=PERSON)] * 6
+    want = sync.generate(ps, params)
+    engine = overlap.engine
+    engine.step_times.reset()
+    assert [o.token_ids for o in overlap.generate(ps, params)] == [o.token_ids for o in want]
+    anchored = engine.step_times.counts["anchor_hits"] + engine.step_times.counts["anchor_misses"]
+    payoff = engine.anchor_payoff
+    bar, gain = payoff.min_gain, payoff.mean_gain
+    try:
+        payoff.min_gain, payoff.num_asked = gain + 100, 0  # nothing pays
+        engine.step_times.reset()
+        got = overlap.generate(ps, params)
+        counts = engine.step_times.counts
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        probes = payoff.num_asked // payoff.probe_every
+        assert counts["anchor_hits"] + counts["anchor_misses"] <= probes < anchored
+    finally:
+        payoff.min_gain, payoff.mean_gain = bar, gain
+
+
 def test_masks_filled_beside_the_next_steps_host_work_keep_outputs(pair):
     """concurrent_masks: the mask thread fills a step's rows while the loop proposes drafts
     (on each request's second matcher), schedules and prepares the next step."""

@@ -99,6 +99,15 @@ def drafts_lookup(num_running: int, *, max_batch: int | None) -> bool:
     return max_batch is None or num_running <= max_batch
 
 
+def anchoring_pays(mean_gain: float, *, min_gain: float) -> bool:
+    """Overlapped scheduling: whether drafts anchored on a request's in-flight sample are worth
+    making. An anchored proposal gains the drafts it gets accepted when its guess for that
+    sample hits, and loses the request's next step when it misses (that row is voided); a model
+    that seldom writes the grammar's forced text in the canonical tokens (a random-weights one)
+    gains ~0 a proposal and still pays the verify rows, their masks and the proposals."""
+    return mean_gain >= min_gain
+
+
 def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
     """Overlapped scheduling: whether a request whose previous step is still in flight joins
     this one. It joins on that step's last sample (gathered on the device) and assumes that

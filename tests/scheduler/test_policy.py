@@ -78,3 +78,9 @@ def test_lookup_drafts_only_up_to_the_batch_limit():
     assert not policy.drafts_lookup(129, max_batch=128)
     assert policy.drafts_lookup(10_000, max_batch=None)
     assert not policy.drafts_lookup(1, max_batch=0)
+
+
+def test_anchoring_pays_from_the_mean_gain_up():
+    assert policy.anchoring_pays(0.5, min_gain=0.5)
+    assert not policy.anchoring_pays(0.1, min_gain=0.5)
+    assert policy.anchoring_pays(-1.0, min_gain=-2.0)
