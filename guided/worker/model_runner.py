@@ -320,11 +320,12 @@ class ModelRunner:
             return SampledStep(inputs, None)
         bitmask = mask_rows = None
         if bitmask_host is not None:
-            bitmask = self._bitmasks.to_device(bitmask_host)
-            if bans:
-                apply_bans(bitmask, bans)
-            mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(self.device,
-                                                                             non_blocking=True)
+            with self.times.phase("mask_upload"):
+                bitmask = self._bitmasks.to_device(bitmask_host)
+                if bans:
+                    apply_bans(bitmask, bans)
+                mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(self.device,
+                                                                          non_blocking=True)
         with self.times.phase("sample_launch"):
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
                                        vocab_size=self.vocab_size)
