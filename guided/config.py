@@ -47,8 +47,8 @@ class EngineConfig:
     # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
     max_draft_tokens_per_step: int | None = None
     # overlapped scheduling: drafts anchored on a request's in-flight sample only while such
-    # proposals gain at least this many tokens each on average (a miss costs a step: -1); a
-    # random-weights model gains ~0 and its drafts cost more than they save (RESULTS, session
+    # proposals gain at least this many tokens each on average (guided/drafts.py AnchorPayoff);
+    # a random-weights model gains ~0 and its drafts cost more than they save (RESULTS, session
     # 11); a large negative value anchors always
     min_anchor_gain: float = 0.5
     any_whitespace: bool = False  # compact JSON separators: bounded, and long forced strings
@@ -117,6 +117,8 @@ class EngineConfig:
              "lookup_draft_tokens")
         need(self.lookup_max_batch is None or self.lookup_max_batch >= 0,
              "lookup_max_batch must be >= 0 (or None)", "lookup_max_batch")
+        need(self.min_anchor_gain == self.min_anchor_gain, "min_anchor_gain must be a number",
+             "min_anchor_gain")
         need(0 <= self.mask_processes <= 64, "mask_processes must lie in [0, 64]",
              "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",

@@ -4,7 +4,8 @@ the cool-downs that stop proposing guesses that keep missing."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 
 from guided.config import EngineConfig
 from guided.fsm.jump_forward import CachedEncoder, propose_anchored_drafts, propose_draft_tokens
@@ -20,13 +21,17 @@ log = logging.getLogger(__name__)
 class AnchorPayoff:
     """What anchored proposals gained lately, over all requests (whether the model writes the
     grammar's forced text in the tokens drafted is the model's trait): a running mean of the
-    tokens each gained against an unanchored step, its accepted drafts on a hit, -1 on a miss.
-    While it is below the bar one proposal in probe_every is still anchored, to see again."""
+    tokens each gained against an unanchored step. A hit gains its kept drafts, less the step
+    after it when a draft was rejected (that step, in flight, assumed them all: it is voided);
+    a miss gains nothing (its first row stands, its drafts' rows were spent). While the mean is
+    below the bar a proposal is still anchored at random one time in probe_every, to see again
+    (at random: a fixed stride would probe the same requests of a steady batch)."""
     min_gain: float = 0.5
     mean_gain: float = 1.0  # drafts are tried first
     weight: float = 1 / 64
     probe_every: int = 8
     num_asked: int = 0  # proposals asked about while below the bar
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def note(self, gain: int) -> None:
         self.mean_gain += self.weight * (gain - self.mean_gain)
@@ -35,7 +40,7 @@ class AnchorPayoff:
         if policy.anchoring_pays(self.mean_gain, min_gain=self.min_gain):
             return True
         self.num_asked += 1
-        return self.num_asked % self.probe_every == 0
+        return self.rng.random() * self.probe_every < 1
 
 
 class DraftProposer:
@@ -64,6 +69,9 @@ class DraftProposer:
         request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
         if room <= 0:
             return
+        if inflight is not None and not (self.overlap and request.anchored_skip) \
+                and not self.payoff.allows():
+            return  # anchored drafts do not pay now
         lookup_tokens = self.config.lookup_draft_tokens
         try:
             lookup = (self._lookup_index(request) if policy.drafts_lookup(
@@ -72,8 +80,6 @@ class DraftProposer:
                 request.anchored_skip -= 1
                 drafts, num_forced = [], 0
             elif inflight is not None:
-                if not self.payoff.allows():
-                    return
                 assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
                 request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
                     self.encoder, self.token_bytes, request.draft_matcher,
@@ -107,7 +113,7 @@ def note_anchor_missed(request: Request, item: ScheduledRequest,
                        payoff: AnchorPayoff | None = None) -> None:
     """The entry's drafts were anchored on a token its previous step did not sample."""
     if payoff is not None:
-        payoff.note(-1)
+        payoff.note(0)
     if item.num_draft_tokens > item.num_forced_drafts:  # the anchor was a lookup guess
         _lookup_missed(request)
 
@@ -116,7 +122,8 @@ def note_verified(request: Request, item: ScheduledRequest, drafts: list[int],
                   num_matched: int, payoff: AnchorPayoff | None = None) -> None:
     """After the entry's drafts were verified (num_matched kept)."""
     if payoff is not None and item.anchor is not None and not item.drafts_void:
-        payoff.note(num_matched)
+        voids_next = num_matched < len(drafts) and request.inflight is not None
+        payoff.note(num_matched - voids_next)
     if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
         if num_matched > item.num_forced_drafts:
             request.lookup_misses = 0

@@ -187,7 +187,8 @@ class Engine:
                 self._finish(request, "error", error=request.error)
         if self._overlapped is not None:
             self._overlapped.step()
-            return self._collect_outputs()
+            with times.phase("outputs"):
+                return self._collect_outputs()
         with times.phase("schedule"):
             sched = self.scheduler.schedule()
         if sched.scheduled:
@@ -290,7 +291,8 @@ class Engine:
                 self._to_propose.append(request)
 
     def _propose(self) -> None:
-        """Drafts for the requests the last update moved on (under overlap: after the fill)."""
+        """Drafts for the requests the last update moved on (apart from the update: under
+        overlap the masks start filling in between)."""
         to_propose, self._to_propose = self._to_propose, []
         num_running = len(self.scheduler.running)
         with self.step_times.phase("jump_forward"):
@@ -353,10 +355,6 @@ class Engine:
                   len(request.output_token_ids))
 
     def _collect_outputs(self) -> list[RequestOutput]:
-        with self.step_times.phase("outputs"):
-            return self._outputs()
-
-    def _outputs(self) -> list[RequestOutput]:
         outputs = []
         for request in self._changed.values():
             text = request.text

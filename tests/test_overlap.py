@@ -98,17 +98,18 @@ def test_anchoring_held_back_while_it_does_not_pay_keeps_outputs(pair):
     assert [o.token_ids for o in overlap.generate(ps, params)] == [o.token_ids for o in want]
     anchored = engine.step_times.counts["anchor_hits"] + engine.step_times.counts["anchor_misses"]
     payoff = engine.anchor_payoff
-    bar, gain = payoff.min_gain, payoff.mean_gain
+    bar, gain, asked = payoff.min_gain, payoff.mean_gain, payoff.num_asked
     try:
         payoff.min_gain, payoff.num_asked = gain + 100, 0  # nothing pays
         engine.step_times.reset()
         got = overlap.generate(ps, params)
         counts = engine.step_times.counts
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
-        probes = payoff.num_asked // payoff.probe_every
-        assert counts["anchor_hits"] + counts["anchor_misses"] <= probes < anchored
+        # about one asked in probe_every is anchored (at random), far fewer than before
+        held_back = counts["anchor_hits"] + counts["anchor_misses"]
+        assert held_back <= payoff.num_asked // 3 and held_back < anchored
     finally:
-        payoff.min_gain, payoff.mean_gain = bar, gain
+        payoff.min_gain, payoff.mean_gain, payoff.num_asked = bar, gain, asked
 
 
 def test_masks_filled_beside_the_next_steps_host_work_keep_outputs(pair):
