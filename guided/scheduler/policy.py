@@ -102,8 +102,9 @@ def drafts_lookup(num_running: int, *, max_batch: int | None) -> bool:
 def anchoring_pays(mean_gain: float, *, min_gain: float) -> bool:
     """Overlapped scheduling: whether drafts anchored on a request's in-flight sample are worth
     making. An anchored proposal gains the drafts it gets accepted when its guess for that
-    sample hits, and loses the request's next step when it misses (that row is voided); a model
-    that seldom writes the grammar's forced text in the canonical tokens (a random-weights one)
+    sample hits, less the request's next step when one of them is rejected (that step, in
+    flight, assumed them all: it is voided), and nothing when the guess misses; a model that
+    seldom writes the grammar's forced text in the canonical tokens (a random-weights one)
     gains ~0 a proposal and still pays the verify rows, their masks and the proposals."""
     return mean_gain >= min_gain
 
