@@ -82,6 +82,14 @@ class EngineConfig:
     # Measured on an H200 (RESULTS, session 5): the loop wins, 12495 vs 9214 tok/s at 64: the
     # two threads' Python halves contend for the GIL and both run 1.7-2.7x slower
     concurrent_masks: bool = False
+    # lazy masks: a constrained request whose last filled mask row allowed at least
+    # lazy_mask_min_allowed of the vocabulary (inside a JSON string, say) samples without its
+    # mask; the host checks the token against the grammar and, where it is outside, the request
+    # runs that position again, masked. Gumbel-max sampling makes the outputs identical (an
+    # allowed unmasked argmax is the masked argmax), and the costliest rows (long strings) are
+    # never filled. None: on with overlapped scheduling (where a fill holds up the sampling)
+    lazy_masks: bool | None = None
+    lazy_mask_min_allowed: float = 0.5
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -119,6 +127,8 @@ class EngineConfig:
              "lookup_max_batch must be >= 0 (or None)", "lookup_max_batch")
         need(self.min_anchor_gain == self.min_anchor_gain, "min_anchor_gain must be a number",
              "min_anchor_gain")
+        need(0.0 <= self.lazy_mask_min_allowed <= 1.0, "lazy_mask_min_allowed must lie in [0, 1]",
+             "lazy_mask_min_allowed")
         need(0 <= self.mask_processes <= 64, "mask_processes must lie in [0, 64]",
              "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",

@@ -20,6 +20,7 @@ from guided.fsm.step_masks import fill_step_masks, start_step_masks
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
+from guided.prompts import prompt_token_ids
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -51,7 +52,11 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None
+                        else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
+        self.lazy_masks = config.lazy_masks if config.lazy_masks is not None else self.overlap
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len,
+                                   lazy_masks=self.lazy_masks)
         self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
                                       num_threads=config.mask_threads)
         self.eos_token_ids = self._eos_ids()
@@ -66,13 +71,12 @@ class Engine:
         self._to_propose: list[Request] = []  # moved on by the last update, drafts to make
         self._changed: dict[str, Request] = {}  # requests with news for the next outputs
         self._rng = random.Random(config.seed)
-        self.overlap = (config.async_scheduling if config.async_scheduling is not None
-                        else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
         self._overlapped = OverlappedSteps(
             self.runner, self.scheduler, self.step_times,
             start_masks=lambda sched, bitmask: start_step_masks(
                 sched, bitmask, num_threads=config.mask_threads, times=self.step_times,
-                shards=self._shards, segment=self.runner.bitmask_segment(bitmask)),
+                shards=self._shards, segment=self.runner.bitmask_segment(bitmask),
+                lazy_min_allowed=self._lazy_min_allowed),
             update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
             propose=self._propose, concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
@@ -123,7 +127,8 @@ class Engine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if self.scheduler.num_unfinished >= self.config.max_waiting_requests:
             raise OverloadedError(f"{self.scheduler.num_unfinished} requests in flight; retry later")
-        prompt_ids = self._prompt_ids(prompt)
+        prompt_ids = prompt_token_ids(self.tokenizer, prompt, vocab_size=self.vocab_size,
+                                      max_model_len=self.max_model_len)
         spec = params.constraint  # raises ConstraintError for a malformed spec
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -145,29 +150,6 @@ class Engine:
         self.scheduler.add(request)
         log.debug("request %s: %d prompt tokens, constraint %s", request_id, len(prompt_ids),
                   spec.kind if spec else None)
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        elif isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                    param="prompt")
-        else:
-            raise InvalidRequestError("prompt must be a string or a list of token ids",
-                                      param="prompt")
-        if not ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
-                "tokens (the prompt must leave room for at least one output token)",
-                param="prompt")
-        return ids
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -201,16 +183,17 @@ class Engine:
                     self._update(sched, result.sampled, result.logprobs, multi_step=True)
                 return self._collect_outputs()
             times.count("steps")
-            constrained = [item.request.matcher is not None for item in sched.scheduled]
+            constrained = [item.masked for item in sched.scheduled]
             result = self.runner.execute(sched, constrained,
                                          lambda bitmask: self._fill_masks(sched, bitmask))
             self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
             self._propose()
-            if any(constrained) and self._shards is None:
-                self._prefetch.start([r for r in self.scheduler.running
-                                      if r.matcher is not None and not r.is_finished])
+            if self._shards is None and any(r.matcher is not None for r in self.scheduler.running):
+                self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
+                                      and not r.is_finished
+                                      and not (self.lazy_masks and r.mask_wide)])
         return self._collect_outputs()
 
     def _make_matcher(self, request: Request) -> None:
@@ -228,7 +211,12 @@ class Engine:
             return fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,
                                    times=self.step_times, prefetch=self._prefetch,
                                    shards=self._shards,
-                                   segment=self.runner.bitmask_segment(bitmask))
+                                   segment=self.runner.bitmask_segment(bitmask),
+                                   lazy_min_allowed=self._lazy_min_allowed)
+
+    @property
+    def _lazy_min_allowed(self) -> float | None:
+        return self.config.lazy_mask_min_allowed if self.lazy_masks else None
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
@@ -271,8 +259,12 @@ class Engine:
             # used now; the proposal below makes the next ones
             request.draft_token_ids, request.draft_anchor = [], None
             num_matched = 0
+            missed = False
             for j, token in enumerate(tokens):
-                if self._append_token(request, token, lps[j]):
+                if item.lazy_mask and not request.accept_committed(token):
+                    missed = True  # sampled unmasked, outside the grammar: sampled again masked
+                    break
+                if self._append_token(request, token, lps[j], accepted=item.lazy_mask):
                     break
                 if j < len(drafts) and token == drafts[j]:
                     num_matched += 1  # the draft's K/V, computed this step, is now valid
@@ -283,9 +275,13 @@ class Engine:
             note_verified(request, item, drafts, num_matched, self.anchor_payoff)
             if request.is_finished:
                 continue
-            self.scheduler.settle_in_flight(request, kept_all_drafts=num_matched == len(drafts))
-            if keep_cache:
-                self.scheduler.commit_computed(request, base + num_matched)
+            if missed:  # the step in flight ran on that sample: voided
+                self.step_times.count("lazy_misses")
+                request.mask_wide = False
+            self.scheduler.settle_in_flight(
+                request, kept_all_drafts=num_matched == len(drafts) and not missed)
+            if keep_cache:  # a missed position's input runs again, for its logits
+                self.scheduler.commit_computed(request, base + num_matched - missed)
                 self.scheduler.trim_blocks(request)
             if self.config.jump_forward and request.matcher is not None:
                 self._to_propose.append(request)
@@ -300,10 +296,12 @@ class Engine:
                 if not request.is_finished:
                     self.drafts.propose(request, num_running=num_running)
 
-    def _append_token(self, request: Request, token: int, logprob) -> bool:
-        """Append one sampled token; True if the request finished."""
+    def _append_token(self, request: Request, token: int, logprob, *,
+                      accepted: bool = False) -> bool:
+        """Append one sampled token (accepted: its matchers have it already); True if the
+        request finished."""
         params = request.params
-        if request.matcher is not None and not request.accept_committed(token):
+        if request.matcher is not None and not accepted and not request.accept_committed(token):
             request.error_type = "internal"
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True

@@ -150,7 +150,7 @@ class OverlappedSteps:
                                 for b, item in enumerate(sched.scheduled) if item.placeholder}
             with times.phase("prepare"):
                 inputs = self._runner.prepare(
-                    sched, [item.request.matcher is not None for item in sched.scheduled],
+                    sched, [item.masked for item in sched.scheduled],
                     placeholders)
         return sched, inputs
 

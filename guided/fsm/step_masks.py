@@ -6,12 +6,14 @@ import contextlib
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans, note_ban
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.fsm.side_fill import finish_side_fills, start_side_fills
+from guided.scheduler.request import Request
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
@@ -24,6 +26,10 @@ class MaskFill:
     pending: PendingFill | None  # shards' rows to wait for
     num_threads: int
     side: list[Future] | None = None  # heavy rows on side threads
+    # lazy masks: (request, its last row) to measure once filled, and the share of the
+    # vocabulary such a row must allow for the request's next rows to go unmasked
+    last_rows: list[tuple[Request, int]] | None = None
+    min_allowed: float = 0.5
 
     @property
     def in_progress(self) -> bool:
@@ -45,25 +51,53 @@ class MaskFill:
                 merge_bans(self.bans, finish_side_fills(side))
         if error is not None:
             raise RuntimeError(error)
+        self.mark_wide()
         return self.bans
+
+    def mark_wide(self) -> None:
+        """Once every row is filled (lazy masks)."""
+        last_rows, self.last_rows = self.last_rows, None
+        if last_rows:
+            mark_wide(self.bitmask, last_rows, self.min_allowed)
+
+
+def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
+              min_allowed: float) -> None:
+    """Lazy masks: a request whose last filled row allows at least min_allowed of the
+    vocabulary samples its next rows unmasked (policy.samples_unmasked). One vectorized count
+    over the rows (the token bans, applied later, clear a handful of bits: not counted)."""
+    words = bitmask.numpy()[[row for _, row in last_rows]].view(np.uint32)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2
+        allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+    else:
+        allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
+    wide = allowed >= min_allowed * words.shape[1] * 32
+    for (request, _), is_wide in zip(last_rows, wide.tolist()):
+        request.mask_wide = is_wide
 
 
 def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
                      times: StepTimes, prefetch: MaskPrefetch | None = None,
                      shards: MaskShards | None = None,
-                     segment: tuple[str, int] | None = None) -> MaskFill:
+                     segment: tuple[str, int] | None = None,
+                     lazy_min_allowed: float | None = None) -> MaskFill:
     """Rows filled ahead (prefetch) are copied, rows of requests mirrored in a mask shard sent
     to it (segment: the shared file bitmask lies in), the rest filled here from the matchers
     (which hold the committed tokens only). Rows whose tokens will be dropped allow everything
     (overlapped scheduling): those of requests that finished since the step was scheduled, of
-    voided entries, and of drafts anchored on a token the previous step did not sample."""
+    voided entries, and of drafts anchored on a token the previous step did not sample.
+    lazy_min_allowed: with lazy masks, where each filled request's last row is measured
+    (mark_wide); requests sampled unmasked this step have no rows."""
     entries: list = []  # (request, drafts, first row) still to fill
+    last_rows: list[tuple[Request, int]] = []
     src: list[int] = []
     dst: list[int] = []
     row = 0
     for item in sched.scheduled:
         request = item.request
-        if request.matcher is None or not item.sample:
+        if not item.masked:
+            if item.lazy_mask:
+                times.count("mask_rows_lazy", len(item.draft_token_ids) + 1)
             continue
         drafts = item.draft_token_ids
         num_rows = len(drafts) + 1
@@ -74,11 +108,14 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         elif item.drafts_void:
             bitmask[row + 1:row + num_rows] = -1
             entries.append((request, [], row))
-        elif ahead is not None:
-            src.extend(range(ahead, ahead + num_rows))
-            dst.extend(range(row, row + num_rows))
+            last_rows.append((request, row))
         else:
-            entries.append((request, drafts, row))
+            if ahead is not None:
+                src.extend(range(ahead, ahead + num_rows))
+                dst.extend(range(row, row + num_rows))
+            else:
+                entries.append((request, drafts, row))
+            last_rows.append((request, row + num_rows - 1))
         row += num_rows
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
@@ -102,7 +139,9 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
     else:
         local = [(request.matcher, drafts, first) for request, drafts, first in entries]
-    fill = MaskFill(bitmask, bans, pending, num_threads, side)
+    fill = MaskFill(bitmask, bans, pending, num_threads, side,
+                    last_rows if lazy_min_allowed is not None else None,
+                    lazy_min_allowed or 0.0)
     if local:
         if shards is not None:
             times.count("mask_rows_local", sum(len(d) + 1 for _, d, _ in local))
@@ -113,6 +152,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             with contextlib.suppress(Exception):
                 fill.wait()
             raise
+    if not fill.in_progress:  # nobody waits for it
+        fill.mark_wide()
     return fill
 
 

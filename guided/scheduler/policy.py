@@ -109,6 +109,20 @@ def anchoring_pays(mean_gain: float, *, min_gain: float) -> bool:
     return mean_gain >= min_gain
 
 
+def samples_unmasked(*, wide: bool, num_forced_drafts: int, greedy: bool,
+                     filtered: bool) -> bool:
+    """Lazy masks: whether a constrained request's rows this step are sampled without their
+    grammar mask (and checked against the grammar afterwards). With Gumbel-max sampling on
+    the same noise, an unmasked argmax that the grammar allows is the masked argmax, so an
+    allowed sample is the masked sample; a disallowed one costs the request a step or two (the
+    position runs again, masked). Worth it where the grammar allows most tokens (wide: its last
+    filled row said so), as inside a string, where rows cost the most to fill and a model
+    seldom leaves the grammar; not before forced text (a model often writes it in other
+    tokens, which the mask would have ruled out), nor under top-k / top-p / min-p, which cut
+    the masked distribution, not the unmasked one (unless greedy: the argmax survives them)."""
+    return wide and not num_forced_drafts and (greedy or not filtered)
+
+
 def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
     """Overlapped scheduling: whether a request whose previous step is still in flight joins
     this one. It joins on that step's last sample (gathered on the device) and assumes that

@@ -58,6 +58,9 @@ class Request:
     # the matcher the draft proposer walks: `matcher` itself, or a second one fed the same
     # tokens where the mask thread walks `matcher` meanwhile (concurrent_masks); None: no drafts
     draft_matcher: Matcher | None = None
+    # lazy masks: its last filled mask row allowed most tokens, so its next rows are sampled
+    # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
+    mask_wide: bool = False
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None

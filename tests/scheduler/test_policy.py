@@ -84,3 +84,15 @@ def test_anchoring_pays_from_the_mean_gain_up():
     assert policy.anchoring_pays(0.5, min_gain=0.5)
     assert not policy.anchoring_pays(0.1, min_gain=0.5)
     assert policy.anchoring_pays(-1.0, min_gain=-2.0)
+
+
+def test_samples_unmasked_only_in_wide_states_without_forced_text_or_filters():
+    assert policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=False, filtered=False)
+    assert not policy.samples_unmasked(wide=False, num_forced_drafts=0, greedy=True,
+                                       filtered=False)
+    assert not policy.samples_unmasked(wide=True, num_forced_drafts=2, greedy=True,
+                                       filtered=False)
+    # top-k / top-p / min-p cut the masked distribution; greedy keeps the argmax anyway
+    assert not policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=False,
+                                       filtered=True)
+    assert policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=True, filtered=True)

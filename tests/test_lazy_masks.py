@@ -1,0 +1,131 @@
+"""Lazy masks with the real default model on the CPU: a constrained request whose last mask
+row allowed most of the vocabulary samples its next rows unmasked, and the host checks the
+tokens against the grammar; a token outside it sends the request back one position, masked.
+Outputs must not change (Gumbel-max on the same noise: an allowed unmasked argmax is the
+masked one), in synchronous and overlapped steps, greedy and seeded sampling alike."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from guided import LLM, SamplingParams
+from guided.errors import InvalidRequestError
+from guided.fsm.step_masks import mark_wide
+from guided.scheduler.request import Request
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "bio": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "bio", "age"]}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    common = dict(num_kv_blocks=160, max_num_seqs=8, device="cpu")
+    eager = LLM(async_scheduling=False, lazy_masks=False, **common)
+    # every request unmasked after its first filled row, however narrow: many misses
+    lazy_sync = LLM(async_scheduling=False, lazy_masks=True, lazy_mask_min_allowed=0.0, **common)
+    lazy_overlap = LLM(async_scheduling=True, lazy_mask_min_allowed=0.0, **common)
+    yield eager, lazy_sync, lazy_overlap
+    for llm in (eager, lazy_sync, lazy_overlap):
+        llm.engine.shutdown()
+
+
+def prompts(llm: LLM, n: int) -> list[list[int]]:
+    topics = ["a person", "a painter", "a sailor", "a chef", "a robot", "a child"]
+    return [llm.apply_chat_template([{"role": "user", "content": f"Describe {topics[i % 6]} "
+                                      f"as JSON, with a short bio. Item {i}."}])
+            for i in range(n)]
+
+
+def mixed_params() -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=60, json_schema=PERSON),
+            SamplingParams(temperature=0.8, seed=7, max_tokens=60, json_schema=PERSON),
+            SamplingParams(temperature=0.7, seed=2, max_tokens=40, regex=r"[A-Z][a-z]+ \d{2}"),
+            SamplingParams(temperature=0, max_tokens=10, choice=["red", "green", "blue"]),
+            SamplingParams(temperature=0, max_tokens=50, json_schema=PERSON, logprobs=2),
+            # top-p cuts the masked distribution: never sampled unmasked
+            SamplingParams(temperature=0.9, top_p=0.8, seed=4, max_tokens=50, json_schema=PERSON),
+            SamplingParams(temperature=0, max_tokens=30)]  # free text alongside
+
+
+def check_valid(outputs, params) -> None:
+    for out, p in zip(outputs, params):
+        assert out.finish_reason in ("stop", "length"), out.error
+        if out.finish_reason != "stop":
+            continue
+        if p.json_schema is not None:
+            jsonschema.validate(json.loads(out.text), p.json_schema)
+        elif p.regex is not None:
+            assert re.fullmatch(p.regex, out.text)
+        elif p.choice is not None:
+            assert out.text in p.choice
+
+
+@pytest.mark.parametrize("which", ["sync", "overlap"])
+def test_lazy_masks_keep_outputs_and_recover_from_misses(engines, which):
+    eager, lazy_sync, lazy_overlap = engines
+    lazy = lazy_sync if which == "sync" else lazy_overlap
+    params = mixed_params()
+    ps = prompts(eager, len(params))
+    want = eager.generate(ps, params)
+    lazy.engine.step_times.reset()
+    got = lazy.generate(ps, params)
+    for a, b in zip(got, want):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    # a position sampled again runs in another batch: fp32 sums in another order
+    assert [e.logprob for e in got[4].logprobs] == pytest.approx(
+        [e.logprob for e in want[4].logprobs], abs=1e-3)
+    check_valid(got, params)
+    counts = lazy.engine.step_times.counts
+    # rows went unmasked, some samples fell outside the grammar and were sampled again
+    assert counts["mask_rows_lazy"] > 0 and counts["lazy_misses"] > 0
+    assert lazy.engine.stats().kv_blocks_in_use == 0
+
+
+def test_wide_rows_only_at_the_default_bar(engines):
+    """At the default bar (half the vocabulary) only rows inside strings go unmasked: far fewer
+    misses per unmasked row than with every row unmasked, the same outputs."""
+    eager, _, _ = engines
+    lazy = LLM(num_kv_blocks=160, max_num_seqs=8, device="cpu", async_scheduling=True)
+    try:
+        assert lazy.engine.lazy_masks and not eager.engine.lazy_masks
+        params = [SamplingParams(temperature=0, max_tokens=80, json_schema=PERSON)] * 4
+        ps = prompts(eager, 4)
+        want = eager.generate(ps, params)
+        got = lazy.generate(ps, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        check_valid(got, params)
+        counts = lazy.engine.step_times.counts
+        assert counts["mask_rows_lazy"] > 0
+        assert counts["lazy_misses"] <= 0.25 * counts["mask_rows_lazy"]
+    finally:
+        lazy.engine.shutdown()
+
+
+def test_mark_wide_measures_each_requests_last_row():
+    words = 8  # 256 tokens
+    bitmask = torch.zeros((3, words), dtype=torch.int32)
+    bitmask[0] = -1  # everything allowed
+    bitmask[1, :3] = -1  # 96 of 256
+    bitmask[2, :5] = -1  # 160 of 256
+    requests = [Request(f"r{i}", [1], SamplingParams(), 0, (), 8) for i in range(3)]
+    requests[1].mask_wide = True  # cleared by a narrow row
+    mark_wide(bitmask, [(r, i) for i, r in enumerate(requests)], 0.5)
+    assert [r.mask_wide for r in requests] == [True, False, True]
+    mark_wide(bitmask, [(requests[2], 2)], 0.7)
+    assert requests[2].mask_wide is False
+    assert np.all(bitmask.numpy()[0] == -1)  # read, not changed
+
+
+def test_lazy_mask_min_allowed_is_a_share():
+    from guided.config import EngineConfig
+
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(InvalidRequestError):
+            EngineConfig(lazy_mask_min_allowed=bad)
