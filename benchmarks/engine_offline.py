@@ -2,7 +2,7 @@
 
     python benchmarks/engine_offline.py --model synthetic:llama-3-8b \
         --workload .work/json.jsonl --num-requests 256 --concurrency 64 [--free]
-        [--paired [--rounds 5]]
+        [--paired [--rounds 5]] [--profile 40]
 
 --free drops the constraints and forces the same output lengths (ignore_eos), for the
 constrained / unconstrained ratio on the same prompts. Workload files come from
@@ -11,7 +11,10 @@ constrained / unconstrained ratio on the same prompts. Workload files come from
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -97,7 +100,8 @@ def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
             dict(mode="constrained (repeat)", **constrained_again)]
 
 
-def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int) -> list[dict]:
+def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
+           profile: int = 0) -> list[dict]:
     """Constrained then free (the same lengths), num_rounds times after one compiling warm run:
     one pair's ratio moves with the host's speed from run to run (a 3 s run on the H200's
     host moved 1.3x between runs of one call), the median of several holds still. Round 1
@@ -105,7 +109,16 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int) -
     kept = compile_all(engine, rows)
     pairs = []
     for k in range(num_rounds):
+        profiler = cProfile.Profile() if profile and k == num_rounds - 1 else None
+        if profiler is not None:
+            profiler.enable()
         constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")
+        if profiler is not None:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
+            print(f"  profile of the last constrained round (slower than unprofiled):\n"
+                  f"{text.getvalue()}", file=sys.stderr)
         free = run(engine, kept, [max(1, n) for n in constrained["lengths"]], free=True,
                    tag=f"f{k}-")
         pairs.append({"constrained": constrained, "free": free,
@@ -131,6 +144,8 @@ def main() -> None:
                     help="constrained vs free with matched lengths, grammars precompiled")
     ap.add_argument("--rounds", type=int, default=0,
                     help="with --paired: this many constrained / free pairs, and their medians")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="with --rounds: cProfile the last constrained round, print the top N")
     args = ap.parse_args()
     options = {"model": args.model, "max_num_seqs": args.concurrency,
                "jump_forward": not args.no_jump_forward}
@@ -139,7 +154,7 @@ def main() -> None:
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
     if args.paired and args.rounds:
-        pairs = rounds(engine, rows, args.max_tokens, args.rounds)
+        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.profile)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
               f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}: same prompts, "
               f"same output lengths, {args.rounds} rounds\n")

@@ -19,6 +19,7 @@ import torch
 from guided.fsm.matcher import Matcher
 
 PARALLEL_THRESHOLD = 64
+NUM_CPUS = os.cpu_count() or 1  # read once: a call costs ~40 us, twice a step
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -127,7 +128,7 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         return items
     import xgrammar as xgr
 
-    threads = max(1, min(num_threads, os.cpu_count() or 1))
+    threads = max(1, min(num_threads, NUM_CPUS))
     batch_matcher = _batch_matchers.get(threads)
     if batch_matcher is None:
         batch_matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
@@ -183,7 +184,7 @@ def _traverse_all(chains: list, bitmask: torch.Tensor, num_threads: int, bans: B
     if not chains:
         return
     num_rows = sum(len(drafts) + 1 for _, drafts, _ in chains)
-    threads = min(num_threads, os.cpu_count() or 1, len(chains))
+    threads = min(num_threads, NUM_CPUS, len(chains))
     parallel = threads > 1 and num_rows * _row_seconds > PARALLEL_FILL_SECONDS
     start = time.perf_counter()
     if not parallel:
