@@ -14,6 +14,7 @@ from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
+from guided.fsm.lazy_masks import OUTSIDE, note_json_token
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
@@ -55,8 +56,8 @@ class Engine:
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
                         else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
         self.lazy_masks = config.lazy_masks if config.lazy_masks is not None else self.overlap
-        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len,
-                                   lazy_masks=self.lazy_masks)
+        self._lazy_min_allowed = config.lazy_mask_min_allowed if self.lazy_masks else None
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
                                       num_threads=config.mask_threads)
         self.eos_token_ids = self._eos_ids()
@@ -202,6 +203,9 @@ class Engine:
         if self.config.jump_forward:  # its own where a mask thread walks `matcher` meanwhile
             request.draft_matcher = (grammar.matcher() if self.overlap and (
                 self.config.concurrent_masks or request.matcher.heavy) else request.matcher)
+        if self.lazy_masks and (request.params.json_schema is not None
+                                or request.params.json_object):
+            request.json_string = OUTSIDE  # its text's strings end its lazy runs
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 
@@ -213,10 +217,6 @@ class Engine:
                                    shards=self._shards,
                                    segment=self.runner.bitmask_segment(bitmask),
                                    lazy_min_allowed=self._lazy_min_allowed)
-
-    @property
-    def _lazy_min_allowed(self) -> float | None:
-        return self.config.lazy_mask_min_allowed if self.lazy_masks else None
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
@@ -306,6 +306,8 @@ class Engine:
             self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
             return True
         request.output_token_ids.append(token)
+        if request.json_string is not None:
+            note_json_token(request, self.compiler.vocab.token_bytes[token])
         if request.metrics.first_token_time is None:
             request.metrics.first_token_time = time.time()
         self.stats_totals.generation_tokens_total += 1

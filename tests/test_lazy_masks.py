@@ -15,7 +15,7 @@ import torch
 
 from guided import LLM, SamplingParams
 from guided.errors import InvalidRequestError
-from guided.fsm.step_masks import mark_wide
+from guided.fsm.lazy_masks import ESCAPED, INSIDE, OUTSIDE, json_string_state, mark_wide
 from guided.scheduler.request import Request
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
@@ -121,6 +121,17 @@ def test_mark_wide_measures_each_requests_last_row():
     mark_wide(bitmask, [(requests[2], 2)], 0.7)
     assert requests[2].mask_wide is False
     assert np.all(bitmask.numpy()[0] == -1)  # read, not changed
+
+
+def test_json_string_state_follows_quotes_and_escapes():
+    state = OUTSIDE
+    steps = [(b'{"', INSIDE), (b"name", INSIDE), (b'":', OUTSIDE), (b' "', INSIDE),
+             (b"Al\\", ESCAPED), (b'"ice', INSIDE), (b"\\", ESCAPED), (b"\\", INSIDE),
+             (b'\\"', INSIDE), (b'"}', OUTSIDE), (b"", OUTSIDE)]
+    for text, want in steps:
+        state = json_string_state(state, text)
+        assert state == want, text
+    assert json_string_state(ESCAPED, b"") == ESCAPED
 
 
 def test_lazy_mask_min_allowed_is_a_share():

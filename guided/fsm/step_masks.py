@@ -6,10 +6,10 @@ import contextlib
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans, note_ban
+from guided.fsm.lazy_masks import mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.fsm.side_fill import finish_side_fills, start_side_fills
@@ -61,21 +61,6 @@ class MaskFill:
             mark_wide(self.bitmask, last_rows, self.min_allowed)
 
 
-def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
-              min_allowed: float) -> None:
-    """Lazy masks: a request whose last filled row allows at least min_allowed of the
-    vocabulary samples its next rows unmasked (policy.samples_unmasked). One vectorized count
-    over the rows (the token bans, applied later, clear a handful of bits: not counted)."""
-    words = bitmask.numpy()[[row for _, row in last_rows]].view(np.uint32)
-    if hasattr(np, "bitwise_count"):  # numpy >= 2
-        allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
-    else:
-        allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
-    wide = allowed >= min_allowed * words.shape[1] * 32
-    for (request, _), is_wide in zip(last_rows, wide.tolist()):
-        request.mask_wide = is_wide
-
-
 def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
                      times: StepTimes, prefetch: MaskPrefetch | None = None,
                      shards: MaskShards | None = None,
@@ -86,8 +71,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     (which hold the committed tokens only). Rows whose tokens will be dropped allow everything
     (overlapped scheduling): those of requests that finished since the step was scheduled, of
     voided entries, and of drafts anchored on a token the previous step did not sample.
-    lazy_min_allowed: with lazy masks, where each filled request's last row is measured
-    (mark_wide); requests sampled unmasked this step have no rows."""
+    lazy_min_allowed: with lazy masks (guided/fsm/lazy_masks.py), where each filled request's
+    last row is measured; the rows of a request sampled unmasked allow everything."""
     entries: list = []  # (request, drafts, first row) still to fill
     last_rows: list[tuple[Request, int]] = []
     src: list[int] = []
@@ -96,11 +81,15 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     for item in sched.scheduled:
         request = item.request
         if not item.masked:
-            if item.lazy_mask:
-                times.count("mask_rows_lazy", len(item.draft_token_ids) + 1)
             continue
         drafts = item.draft_token_ids
         num_rows = len(drafts) + 1
+        if lazy_min_allowed is not None and samples_unmasked(item):
+            item.lazy_mask = True  # sampled unmasked, checked by the update
+            bitmask[row:row + num_rows] = -1
+            times.count("mask_rows_lazy", num_rows)
+            row += num_rows
+            continue
         ahead = None if prefetch is None else prefetch.take(request.request_id,
                                                              request.matcher, drafts)
         if request.is_finished or item.voided or request.matcher.is_terminated():

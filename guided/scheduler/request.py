@@ -61,6 +61,7 @@ class Request:
     # lazy masks: its last filled mask row allowed most tokens, so its next rows are sampled
     # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
     mask_wide: bool = False
+    json_string: int | None = None  # JSON requests: where its text stands (fsm/lazy_masks.py)
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None

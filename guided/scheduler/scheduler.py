@@ -30,12 +30,14 @@ class ScheduledRequest:
     anchor: int | None = None  # the drafts assume that sample is this token
     drafts_void: bool = False  # it was not: only the first sampled row stands
     voided: bool = False  # the previous step rejected a draft this entry assumed: all dropped
-    lazy_mask: bool = False  # its rows are sampled unmasked, checked against the grammar after
+    # lazy masks: its rows were sampled unmasked (decided as its rows were filled), and the
+    # update checks them against the grammar
+    lazy_mask: bool = False
 
     @property
     def masked(self) -> bool:
         """Its sampled rows get grammar mask rows."""
-        return self.request.matcher is not None and not self.lazy_mask and self.sample
+        return self.request.matcher is not None and self.sample
 
     @property
     def num_live_drafts(self) -> int:
@@ -50,10 +52,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int, *,
-                 lazy_masks: bool = False):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int):
         self.config = config
-        self.lazy_masks = lazy_masks
         self.blocks = block_manager
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, admission order
@@ -225,17 +225,11 @@ class Scheduler:
                 return None
         if extra > 0:
             request.block_ids += self.blocks.allocate(extra)
-        num_forced = min(request.num_forced_drafts, num_draft)
-        p = request.params
-        lazy = (self.lazy_masks and sample and request.matcher is not None
-                and policy.samples_unmasked(wide=request.mask_wide, num_forced_drafts=num_forced,
-                                            greedy=p.greedy, filtered=p.top_k > 0
-                                            or p.top_p < 1.0 or p.min_p > 0.0))
         return ScheduledRequest(request, num_new, num_draft, sample,
                                 draft_token_ids=list(request.draft_token_ids[:num_draft]),
-                                num_forced_drafts=num_forced, placeholder=placeholder,
-                                anchor=request.draft_anchor if num_draft else None,
-                                lazy_mask=lazy)
+                                num_forced_drafts=min(request.num_forced_drafts, num_draft),
+                                placeholder=placeholder,
+                                anchor=request.draft_anchor if num_draft else None)
 
     def _preempt_newest(self, out: SchedulerOutput) -> Request:
         order = [self.arrival_index[r.request_id] for r in self.running]

@@ -1,0 +1,67 @@
+"""Lazy masks: which constrained rows are sampled without their grammar mask.
+
+With Gumbel-max sampling on the same noise, an unmasked argmax that the grammar allows is the
+masked argmax, so such a row's token is the masked row's token; the engine checks it against
+the grammar and, where it lies outside, runs that position again, masked (a request's step or
+two). That pays where the grammar allows most of the vocabulary, inside a JSON string, where
+the rows also cost the most to fill. A request goes lazy once a filled row of it allowed at
+least `min_allowed` of the vocabulary, and stays so until a sample falls outside or, for JSON,
+until its text crosses a string's edge (an unescaped quote): the next row is filled, and
+measured, again. The step's rows are decided when they are filled, after the tokens before
+them were read, so a string that just closed is never sampled past unmasked."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from guided.scheduler import policy
+from guided.scheduler.request import Request
+from guided.scheduler.scheduler import ScheduledRequest
+
+OUTSIDE, INSIDE, ESCAPED = 0, 1, 2  # a JSON text's position: outside a string, in one, after \
+
+
+def samples_unmasked(item: ScheduledRequest) -> bool:
+    """Decided as the step's rows are filled (item.lazy_mask is what the update reads)."""
+    p = item.request.params
+    return policy.samples_unmasked(
+        wide=item.request.mask_wide, num_forced_drafts=item.num_forced_drafts, greedy=p.greedy,
+        filtered=p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)
+
+
+def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
+              min_allowed: float) -> None:
+    """A request whose last filled row allows at least min_allowed of the vocabulary samples
+    its next rows unmasked. One vectorized count over the rows (the token bans, applied
+    later, clear a handful of bits: not counted)."""
+    words = bitmask.numpy()[[row for _, row in last_rows]].view(np.uint32)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2
+        allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+    else:
+        allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
+    wide = allowed >= min_allowed * words.shape[1] * 32
+    for (request, _), is_wide in zip(last_rows, wide.tolist()):
+        request.mask_wide = is_wide
+
+
+def json_string_state(state: int, text: bytes) -> int:
+    """The position after `text` in a JSON text (OUTSIDE, INSIDE a string, or ESCAPED: inside,
+    after a backslash)."""
+    if b'"' not in text and b"\\" not in text:
+        return OUTSIDE if state == OUTSIDE else INSIDE if state == ESCAPED and text else state
+    for byte in text:
+        if state == ESCAPED:
+            state = INSIDE
+        elif byte == 0x22:  # "
+            state = INSIDE if state == OUTSIDE else OUTSIDE
+        elif byte == 0x5C and state == INSIDE:  # backslash
+            state = ESCAPED
+    return state
+
+
+def note_json_token(request: Request, token_bytes: bytes) -> None:
+    """A JSON request's committed token: crossing a string's edge ends its lazy run."""
+    state = json_string_state(request.json_string, token_bytes)
+    if (state == OUTSIDE) != (request.json_string == OUTSIDE):
+        request.mask_wide = False
+    request.json_string = state
