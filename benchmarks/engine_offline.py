@@ -101,11 +101,13 @@ def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
 
 
 def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
-           profile: int = 0) -> list[dict]:
+           profile: int = 0, lazy_ab: bool = False) -> list[dict]:
     """Constrained then free (the same lengths), num_rounds times after one compiling warm run:
     one pair's ratio moves with the host's speed from run to run (a 3 s run on the H200's
     host moved 1.3x between runs of one call), the median of several holds still. Round 1
-    prefills prompts the later rounds find in the prefix cache."""
+    prefills prompts the later rounds find in the prefix cache. lazy_ab: each round also runs
+    the constrained requests with lazy masks off, right after the run with them on (the same
+    warm engine), for a comparison the host's drift between runs does not swamp."""
     kept = compile_all(engine, rows)
     pairs = []
     for k in range(num_rounds):
@@ -119,10 +121,19 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
             print(f"  profile of the last constrained round (slower than unprofiled):\n"
                   f"{text.getvalue()}", file=sys.stderr)
+        off = None
+        if lazy_ab:
+            engine.set_lazy_masks(False)
+            off = run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
+            engine.set_lazy_masks(True)
         free = run(engine, kept, [max(1, n) for n in constrained["lengths"]], free=True,
                    tag=f"f{k}-")
-        pairs.append({"constrained": constrained, "free": free,
+        pairs.append({"constrained": constrained, "free": free, "lazy_off": off,
                       "ratio": constrained["tok_s"] / free["tok_s"]})
+        if off is not None:
+            pairs[-1]["ratio_off"] = off["tok_s"] / free["tok_s"]
+            print(f"  round {k + 1}: lazy masks off {off['tok_s']:.0f} tok/s, ratio "
+                  f"{pairs[-1]['ratio_off']:.3f}", file=sys.stderr, flush=True)
         print(f"  round {k + 1}/{num_rounds}: constrained {constrained['tok_s']:.0f} tok/s, "
               f"free {free['tok_s']:.0f} tok/s, ratio {pairs[-1]['ratio']:.3f}",
               file=sys.stderr, flush=True)
@@ -144,6 +155,8 @@ def main() -> None:
                     help="constrained vs free with matched lengths, grammars precompiled")
     ap.add_argument("--rounds", type=int, default=0,
                     help="with --paired: this many constrained / free pairs, and their medians")
+    ap.add_argument("--lazy-ab", action="store_true",
+                    help="with --rounds: every round also runs lazy masks off (same engine)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="with --rounds: cProfile the last constrained round, print the top N")
     args = ap.parse_args()
@@ -154,7 +167,9 @@ def main() -> None:
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
     if args.paired and args.rounds:
-        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.profile)
+        if args.lazy_ab:
+            engine.set_lazy_masks(True)
+        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.profile, args.lazy_ab)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
               f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}: same prompts, "
               f"same output lengths, {args.rounds} rounds\n")
@@ -166,6 +181,17 @@ def main() -> None:
                   f"{p['ratio']:.3f} |")
         warm = pairs[1:] or pairs  # round 1 prefills what the others find cached
         med = statistics.median
+        if args.lazy_ab:
+            print("\n| round | lazy on tok/s | lazy off tok/s | on / off | ratio on | ratio off |")
+            print("|---|---|---|---|---|---|")
+            for k, p in enumerate(pairs):
+                on, off = p["constrained"]["tok_s"], p["lazy_off"]["tok_s"]
+                print(f"| {k + 1} | {on:.0f} | {off:.0f} | {on / off:.3f} | {p['ratio']:.3f} | "
+                      f"{p['ratio_off']:.3f} |")
+            print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
+                  f"{med(p['constrained']['tok_s'] / p['lazy_off']['tok_s'] for p in warm):.3f} | "
+                  f"{med(p['ratio'] for p in warm):.3f} | {med(p['ratio_off'] for p in warm):.3f} |")
+            print(f"  last lazy off: {pairs[-1]['lazy_off']['phases']}", file=sys.stderr)
         print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
               f"{med(p['constrained']['tok_s'] for p in warm):.0f} | "
               f"{med(p['free']['tok_s'] for p in warm):.0f} | "

@@ -21,7 +21,7 @@ from guided.fsm.step_masks import fill_step_masks, start_step_masks
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
-from guided.prompts import prompt_token_ids
+from guided.prompts import eos_token_ids, prompt_token_ids
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -60,7 +60,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
                                       num_threads=config.mask_threads)
-        self.eos_token_ids = self._eos_ids()
+        self.eos_token_ids = eos_token_ids(self.tokenizer)
         self._special_ids = frozenset(self.tokenizer.all_special_ids) | set(self.eos_token_ids)
         self._encoder = CachedEncoder(self.tokenizer)  # retokenizes forced text
         self._decode = fast_decode(self.tokenizer)  # incremental detokenization
@@ -114,12 +114,10 @@ class Engine:
                 special_ids=self._special_ids, overlap=self.overlap, payoff=self.anchor_payoff)
         return self._drafts
 
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids = {self.tokenizer.eos_token_id}
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
-            ids.add(im_end)
-        return tuple(sorted(i for i in ids if i is not None))
+    def set_lazy_masks(self, on: bool) -> None:
+        """Lazy masks on or off between steps (benchmarks compare both on one warm engine)."""
+        self.lazy_masks = on
+        self._lazy_min_allowed = self.config.lazy_mask_min_allowed if on else None
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
@@ -203,8 +201,7 @@ class Engine:
         if self.config.jump_forward:  # its own where a mask thread walks `matcher` meanwhile
             request.draft_matcher = (grammar.matcher() if self.overlap and (
                 self.config.concurrent_masks or request.matcher.heavy) else request.matcher)
-        if self.lazy_masks and (request.params.json_schema is not None
-                                or request.params.json_object):
+        if request.params.json_schema is not None or request.params.json_object:
             request.json_string = OUTSIDE  # its text's strings end its lazy runs
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds

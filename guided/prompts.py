@@ -1,4 +1,5 @@
-"""A request's prompt as token ids, checked against the vocabulary and the context length."""
+"""A request's prompt as token ids, checked against the vocabulary and the context length; the
+tokens that end a chat turn."""
 from __future__ import annotations
 
 from guided.errors import InvalidRequestError
@@ -27,3 +28,13 @@ def prompt_token_ids(tokenizer, prompt: str | list[int], *, vocab_size: int,
             f"the prompt has {len(ids)} tokens; this model's context is {max_model_len} tokens "
             "(the prompt must leave room for at least one output token)", param="prompt")
     return ids
+
+
+def eos_token_ids(tokenizer) -> tuple[int, ...]:
+    """The tokenizer's EOS, and <|im_end|> where the vocabulary has it (ChatML models end their
+    turns with it)."""
+    ids = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return tuple(sorted(i for i in ids if i is not None))
