@@ -14,7 +14,7 @@ from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
-from guided.fsm.lazy_masks import OUTSIDE, note_json_token
+from guided.fsm.lazy_masks import OUTSIDE, LazyGate, note_json_token
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
@@ -57,6 +57,7 @@ class Engine:
                         else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
         self.lazy_masks = config.lazy_masks if config.lazy_masks is not None else self.overlap
         self._lazy_min_allowed = config.lazy_mask_min_allowed if self.lazy_masks else None
+        self._lazy_gate = LazyGate()
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
                                       num_threads=config.mask_threads)
@@ -168,6 +169,9 @@ class Engine:
                 self._finish(request, "error", error=request.error)
         if self._overlapped is not None:
             self._overlapped.step()
+            if self.lazy_masks:  # only while the host bounds the step
+                self._lazy_min_allowed = (self.config.lazy_mask_min_allowed
+                                          if self._lazy_gate.observe(times) else None)
             with times.phase("outputs"):
                 return self._collect_outputs()
         with times.phase("schedule"):

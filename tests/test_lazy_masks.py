@@ -15,8 +15,16 @@ import torch
 
 from guided import LLM, SamplingParams
 from guided.errors import InvalidRequestError
-from guided.fsm.lazy_masks import ESCAPED, INSIDE, OUTSIDE, json_string_state, mark_wide
+from guided.fsm.lazy_masks import (
+    ESCAPED,
+    INSIDE,
+    OUTSIDE,
+    LazyGate,
+    json_string_state,
+    mark_wide,
+)
 from guided.scheduler.request import Request
+from guided.step_times import StepTimes
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
                                            "bio": {"type": "string"},
@@ -26,7 +34,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"},
 
 @pytest.fixture(scope="module")
 def engines():
-    common = dict(num_kv_blocks=160, max_num_seqs=8, device="cpu")
+    common = {"num_kv_blocks": 160, "max_num_seqs": 8, "device": "cpu"}
     eager = LLM(async_scheduling=False, lazy_masks=False, **common)
     # every request unmasked after its first filled row, however narrow: many misses
     lazy_sync = LLM(async_scheduling=False, lazy_masks=True, lazy_mask_min_allowed=0.0, **common)
@@ -140,3 +148,20 @@ def test_lazy_mask_min_allowed_is_a_share():
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(InvalidRequestError):
             EngineConfig(lazy_mask_min_allowed=bad)
+
+
+def test_lazy_gate_turns_off_while_the_host_waits_on_the_device():
+    times, gate = StepTimes(), LazyGate()
+
+    def step(wait_ms: float, fill_ms: float) -> bool:
+        times.seconds["sample_wait"] += wait_ms / 1e3
+        times.seconds["mask_fill"] += fill_ms / 1e3
+        return gate.observe(times)
+
+    # host-bound (the default model): the fill is on the critical path
+    assert all([step(0.05, 3.0) for _ in range(20)][1:])
+    # device-bound (a large model): the fill hides behind the forward pass
+    decisions = [step(3.0, 1.0) for _ in range(40)]
+    assert decisions[0] and not decisions[-1]
+    times.reset()  # a benchmark's reset: that look is skipped, not read as a negative step
+    assert step(3.0, 1.0) is False and gate.wait_ms > 0

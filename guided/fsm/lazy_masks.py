@@ -8,8 +8,11 @@ the rows also cost the most to fill. A request goes lazy once a filled row of it
 least `min_allowed` of the vocabulary, and stays so until a sample falls outside or, for JSON,
 until its text crosses a string's edge (an unescaped quote): the next row is filled, and
 measured, again. The step's rows are decided when they are filled, after the tokens before
-them were read, so a string that just closed is never sampled past unmasked."""
+them were read, so a string that just closed is never sampled past unmasked. Under overlapped
+scheduling all this runs only while the host bounds the step (LazyGate)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,8 +20,31 @@ import torch
 from guided.scheduler import policy
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest
+from guided.step_times import StepTimes
 
 OUTSIDE, INSIDE, ESCAPED = 0, 1, 2  # a JSON text's position: outside a string, in one, after \
+
+
+@dataclass
+class LazyGate:
+    """Overlapped scheduling: lazy masks on while the host, not the device, bounds a step
+    (policy.lazy_masks_pay), judged from running means (weight 1/16) of a step's wait for the
+    device's tokens and of its mask fill, read off the step loop's phase times."""
+    wait_ms: float = 0.0
+    fill_ms: float = 0.0
+    last_wait: float = 0.0  # the phase totals at the last look (seconds)
+    last_fill: float = 0.0
+
+    def observe(self, times: StepTimes) -> bool:
+        """After a step: whether the next ones sample wide rows unmasked."""
+        wait = times.seconds.get("sample_wait", 0.0)
+        fill = times.seconds.get("mask_fill", 0.0) + times.seconds.get("mask_wait", 0.0)
+        d_wait, d_fill = wait - self.last_wait, fill - self.last_fill
+        self.last_wait, self.last_fill = wait, fill
+        if d_wait >= 0 and d_fill >= 0:  # else the totals were reset: skip this step
+            self.wait_ms += (d_wait * 1e3 - self.wait_ms) / 16
+            self.fill_ms += (d_fill * 1e3 - self.fill_ms) / 16
+        return policy.lazy_masks_pay(device_wait_ms=self.wait_ms, fill_ms=self.fill_ms)
 
 
 def samples_unmasked(item: ScheduledRequest) -> bool:

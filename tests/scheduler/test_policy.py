@@ -96,3 +96,8 @@ def test_samples_unmasked_only_in_wide_states_without_forced_text_or_filters():
     assert not policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=False,
                                        filtered=True)
     assert policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=True, filtered=True)
+
+
+def test_lazy_masks_pay_only_while_the_host_bounds_the_step():
+    assert policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=3.0)
+    assert not policy.lazy_masks_pay(device_wait_ms=3.0, fill_ms=1.0)
