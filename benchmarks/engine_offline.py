@@ -2,7 +2,7 @@
 
     python benchmarks/engine_offline.py --model synthetic:llama-3-8b \
         --workload .work/json.jsonl --num-requests 256 --concurrency 64 [--free]
-        [--paired [--rounds 5]] [--profile 40]
+        [--paired [--rounds 5 [--lazy-ab]]]
 
 --free drops the constraints and forces the same output lengths (ignore_eos), for the
 constrained / unconstrained ratio on the same prompts. Workload files come from
@@ -11,10 +11,7 @@ constrained / unconstrained ratio on the same prompts. Workload files come from
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import statistics
 import sys
 import time
@@ -101,28 +98,24 @@ def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
 
 
 def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
-           profile: int = 0, lazy_ab: bool = False) -> list[dict]:
+           lazy_ab: bool = False) -> list[dict]:
     """Constrained then free (the same lengths), num_rounds times after one compiling warm run:
     one pair's ratio moves with the host's speed from run to run (a 3 s run on the H200's
     host moved 1.3x between runs of one call), the median of several holds still. Round 1
     prefills prompts the later rounds find in the prefix cache. lazy_ab: each round also runs
-    the constrained requests with lazy masks off, right after the run with them on (the same
-    warm engine), for a comparison the host's drift between runs does not swamp."""
+    the constrained requests with lazy masks off, beside the run with them on (the same warm
+    engine; after it in odd rounds, before it in even ones), for a comparison the host's drift
+    between runs does not swamp."""
     kept = compile_all(engine, rows)
     pairs = []
     for k in range(num_rounds):
-        profiler = cProfile.Profile() if profile and k == num_rounds - 1 else None
-        if profiler is not None:
-            profiler.enable()
-        constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")
-        if profiler is not None:
-            profiler.disable()
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
-            print(f"  profile of the last constrained round (slower than unprofiled):\n"
-                  f"{text.getvalue()}", file=sys.stderr)
         off = None
-        if lazy_ab:
+        if lazy_ab and k % 2:  # every other round runs off first: neither gains from order
+            engine.set_lazy_masks(False)
+            off = run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
+            engine.set_lazy_masks(True)
+        constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")
+        if lazy_ab and off is None:
             engine.set_lazy_masks(False)
             off = run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
             engine.set_lazy_masks(True)
@@ -157,8 +150,6 @@ def main() -> None:
                     help="with --paired: this many constrained / free pairs, and their medians")
     ap.add_argument("--lazy-ab", action="store_true",
                     help="with --rounds: every round also runs lazy masks off (same engine)")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="with --rounds: cProfile the last constrained round, print the top N")
     args = ap.parse_args()
     options = {"model": args.model, "max_num_seqs": args.concurrency,
                "jump_forward": not args.no_jump_forward}
@@ -169,7 +160,7 @@ def main() -> None:
     if args.paired and args.rounds:
         if args.lazy_ab:
             engine.set_lazy_masks(True)
-        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.profile, args.lazy_ab)
+        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.lazy_ab)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
               f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}: same prompts, "
               f"same output lengths, {args.rounds} rounds\n")
