@@ -273,7 +273,8 @@ class Engine:
                     break
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
-            note_verified(request, item, drafts, num_matched, self.anchor_payoff)
+            if not missed:  # a miss says nothing of the drafts (a masked row may have kept them)
+                note_verified(request, item, drafts, num_matched, self.anchor_payoff)
             if request.is_finished:
                 continue
             if missed:  # the step in flight ran on that sample: voided

@@ -22,6 +22,7 @@ from guided.fsm.lazy_masks import (
     LazyGate,
     json_string_state,
     mark_wide,
+    note_json_token,
 )
 from guided.scheduler.request import Request
 from guided.step_times import StepTimes
@@ -165,3 +166,37 @@ def test_lazy_gate_turns_off_while_the_host_waits_on_the_device():
     assert decisions[0] and not decisions[-1]
     times.reset()  # a benchmark's reset: that look is skipped, not read as a negative step
     assert step(3.0, 1.0) is False and gate.wait_ms > 0
+
+
+def test_a_token_that_closes_a_string_and_opens_the_next_ends_a_lazy_run():
+    request = Request("r", [1], SamplingParams(), 0, (), 8)
+    request.json_string, request.mask_wide = INSIDE, True
+    note_json_token(request, b"ice")
+    assert request.mask_wide and request.json_string == INSIDE
+    note_json_token(request, b'", "')  # inside again, past two edges
+    assert not request.mask_wide and request.json_string == INSIDE
+
+
+class _Matcher:
+    """Counts its tokens; rejects those in `rejects` (two matchers that disagree cannot be
+    built from one grammar: this is the split accept_committed guards against)."""
+
+    def __init__(self, rejects=()):
+        self.tokens, self.rejects = [], set(rejects)
+
+    def accept_token(self, token):
+        if token in self.rejects:
+            return False
+        self.tokens.append(token)
+        return True
+
+    def rollback(self, n):
+        del self.tokens[len(self.tokens) - n:]
+
+
+def test_accept_committed_leaves_both_matchers_in_step_when_one_rejects():
+    request = Request("r", [1], SamplingParams(), 0, (), 8)
+    request.matcher, request.draft_matcher = _Matcher(), _Matcher(rejects={7})
+    assert request.accept_committed(5)
+    assert not request.accept_committed(7)
+    assert request.matcher.tokens == request.draft_matcher.tokens == [5]

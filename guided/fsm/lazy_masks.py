@@ -73,21 +73,28 @@ def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
 def json_string_state(state: int, text: bytes) -> int:
     """The position after `text` in a JSON text (OUTSIDE, INSIDE a string, or ESCAPED: inside,
     after a backslash)."""
+    return _scan(state, text)[0]
+
+
+def _scan(state: int, text: bytes) -> tuple[int, bool]:
+    """(the position after text, whether an unescaped quote in it opened or closed a string)"""
     if b'"' not in text and b"\\" not in text:
-        return OUTSIDE if state == OUTSIDE else INSIDE if state == ESCAPED and text else state
+        return (INSIDE if state == ESCAPED and text else state), False
+    crossed = False
     for byte in text:
         if state == ESCAPED:
             state = INSIDE
         elif byte == 0x22:  # "
             state = INSIDE if state == OUTSIDE else OUTSIDE
+            crossed = True
         elif byte == 0x5C and state == INSIDE:  # backslash
             state = ESCAPED
-    return state
+    return state, crossed
 
 
 def note_json_token(request: Request, token_bytes: bytes) -> None:
-    """A JSON request's committed token: crossing a string's edge ends its lazy run."""
-    state = json_string_state(request.json_string, token_bytes)
-    if (state == OUTSIDE) != (request.json_string == OUTSIDE):
+    """A JSON request's committed token: one that opens or closes a string (even one that
+    closes a string and opens the next, as `", "` does) ends its lazy run."""
+    request.json_string, crossed = _scan(request.json_string, token_bytes)
+    if crossed:
         request.mask_wide = False
-    request.json_string = state

@@ -157,9 +157,10 @@ class XGrammarMatcher(Matcher):
             return False
         if self.ban is not None and token_id in self.ban.ids:
             return False
-        if token_id in self._eos:
+        accepted = self._matcher.accept_token(token_id)
+        if accepted and token_id in self._eos:  # a rejected EOS (a lazy row's) ends nothing
             self._stopped = True
-        return self._matcher.accept_token(token_id)
+        return accepted
 
     def note_accepted(self, token_id: int) -> None:
         """A token accepted on the xgrammar matcher itself (a batched accept)."""
