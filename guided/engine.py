@@ -14,7 +14,7 @@ from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import Bans
 from guided.fsm.jump_forward import CachedEncoder
-from guided.fsm.lazy_masks import OUTSIDE, LazyGate, note_json_token
+from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked, note_json_token
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
@@ -196,7 +196,7 @@ class Engine:
             if self._shards is None and any(r.matcher is not None for r in self.scheduler.running):
                 self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
                                       and not r.is_finished
-                                      and not (self.lazy_masks and r.mask_wide)])
+                                      and not (self.lazy_masks and may_sample_unmasked(r))])
         return self._collect_outputs()
 
     def _make_matcher(self, request: Request) -> None:

@@ -49,9 +49,18 @@ class LazyGate:
 
 def samples_unmasked(item: ScheduledRequest) -> bool:
     """Decided as the step's rows are filled (item.lazy_mask is what the update reads)."""
-    p = item.request.params
+    return _unmasked(item.request, item.num_forced_drafts)
+
+
+def may_sample_unmasked(request: Request) -> bool:
+    """Before its drafts are known (the synchronous path's prefetch skips such requests)."""
+    return _unmasked(request, 0)
+
+
+def _unmasked(request: Request, num_forced_drafts: int) -> bool:
+    p = request.params
     return policy.samples_unmasked(
-        wide=item.request.mask_wide, num_forced_drafts=item.num_forced_drafts, greedy=p.greedy,
+        wide=request.mask_wide, num_forced_drafts=num_forced_drafts, greedy=p.greedy,
         filtered=p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)
 
 
