@@ -107,18 +107,21 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
     engine; after it in odd rounds, before it in even ones), for a comparison the host's drift
     between runs does not swamp."""
     kept = compile_all(engine, rows)
+
+    def lazy_off(k: int) -> dict:
+        engine.set_lazy_masks(False)
+        try:
+            return run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
+        finally:
+            engine.set_lazy_masks(True)
+
     pairs = []
     for k in range(num_rounds):
-        off = None
-        if lazy_ab and k % 2:  # every other round runs off first: neither gains from order
-            engine.set_lazy_masks(False)
-            off = run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
-            engine.set_lazy_masks(True)
+        # every other round runs off first: neither gains from the order
+        off = lazy_off(k) if lazy_ab and k % 2 else None
         constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")
         if lazy_ab and off is None:
-            engine.set_lazy_masks(False)
-            off = run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
-            engine.set_lazy_masks(True)
+            off = lazy_off(k)
         free = run(engine, kept, [max(1, n) for n in constrained["lengths"]], free=True,
                    tag=f"f{k}-")
         pairs.append({"constrained": constrained, "free": free, "lazy_off": off,
@@ -181,7 +184,8 @@ def main() -> None:
                       f"{p['ratio_off']:.3f} |")
             print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
                   f"{med(p['constrained']['tok_s'] / p['lazy_off']['tok_s'] for p in warm):.3f} | "
-                  f"{med(p['ratio'] for p in warm):.3f} | {med(p['ratio_off'] for p in warm):.3f} |")
+                  f"{med(p['ratio'] for p in warm):.3f} | "
+                  f"{med(p['ratio_off'] for p in warm):.3f} |")
             print(f"  last lazy off: {pairs[-1]['lazy_off']['phases']}", file=sys.stderr)
         print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
               f"{med(p['constrained']['tok_s'] for p in warm):.0f} | "

@@ -88,10 +88,10 @@ class EngineConfig:
     # runs that position again, masked. Gumbel-max sampling gives eager masks' outputs (an
     # allowed unmasked argmax is the masked argmax; a position run again is recomputed in
     # another batch, whose bf16 numerics on a GPU can tip a near tie, as a verify step's can),
-    # and the costliest rows (long strings) are never filled. None: on with overlapped scheduling (where a fill holds up the sampling),
-    # and there only while the host waits on the device less than it fills masks (LazyGate).
-    # H100, one warm engine, on / off: default model +15% at 64, +11% at 256; random 8B +5% at
-    # 256, and -5% at 64 before the gate (RESULTS, session 12)
+    # and the costliest rows (long strings) are never filled. None: on with overlapped
+    # scheduling (where a fill holds up the sampling), and there only while the host waits on
+    # the device less than it fills masks (LazyGate). H100, one warm engine, on / off: default
+    # model +5% at 64, +11% at 256; random 8B -3% at 64, +1% at 256 (RESULTS, session 12)
     lazy_masks: bool | None = None
     lazy_mask_min_allowed: float = 0.5
 

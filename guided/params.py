@@ -69,10 +69,14 @@ class SamplingParams:
     stop_list: list[str] = field(init=False, default_factory=list)
 
     @property
+    def filters_tokens(self) -> bool:
+        """top-k / top-p / min-p: the distribution is cut before sampling."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
     def needs_slow_sampling(self) -> bool:
         """top-k / top-p / min-p or a penalty: the sampler's torch path, not the fused kernel."""
-        return (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-                or bool(self.presence_penalty or self.frequency_penalty)
+        return (self.filters_tokens or bool(self.presence_penalty or self.frequency_penalty)
                 or self.repetition_penalty != 1.0)
 
     def __post_init__(self) -> None:

@@ -59,9 +59,8 @@ def may_sample_unmasked(request: Request) -> bool:
 
 def _unmasked(request: Request, num_forced_drafts: int) -> bool:
     p = request.params
-    return policy.samples_unmasked(
-        wide=request.mask_wide, num_forced_drafts=num_forced_drafts, greedy=p.greedy,
-        filtered=p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)
+    return policy.samples_unmasked(wide=request.mask_wide, num_forced_drafts=num_forced_drafts,
+                                   greedy=p.greedy, filtered=p.filters_tokens)
 
 
 def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],

@@ -51,10 +51,10 @@ class MaskFill:
                 merge_bans(self.bans, finish_side_fills(side))
         if error is not None:
             raise RuntimeError(error)
-        self.mark_wide()
+        self.measure_widths()
         return self.bans
 
-    def mark_wide(self) -> None:
+    def measure_widths(self) -> None:
         """Once every row is filled (lazy masks)."""
         last_rows, self.last_rows = self.last_rows, None
         if last_rows:
@@ -142,7 +142,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
                 fill.wait()
             raise
     if not fill.in_progress:  # nobody waits for it
-        fill.mark_wide()
+        fill.measure_widths()
     return fill
 
 

@@ -53,7 +53,8 @@ def paged_attention_ref(
     max_query_len: int,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Torch reference (attention.py's module docstring). q [T, Hq, D] -> out [T, Hq, D] in q's dtype."""
+    """Torch reference (attention.py's module docstring). q [T, Hq, D] -> out [T, Hq, D] in
+    q's dtype."""
     num_reqs = block_tables.shape[0]
     out = torch.empty_like(q)  # [T, Hq, D]
     lens = seq_lens.tolist()
