@@ -72,7 +72,7 @@ def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) ->
     """The run's time outside the phases: adding the requests (templates, tokenizing), and the
     step loop's time no phase names (a gap here is host work no phase times)."""
     times = engine.step_times
-    named = sum(v for k, v in times.seconds.items() if not k.endswith("(thread)"))
+    named = sum(v for k, v in times.seconds.items() if not k.endswith(("(thread)", "(part)")))
     steps = max(times.counts.get("steps", 0), 1)
     return (f" | adding {adding * 1e3:.0f} ms, stepping {stepping * 1e3:.0f} ms in {num_calls}"
             f" calls, unnamed {(stepping - named) * 1e3 / steps:.2f} ms a step")

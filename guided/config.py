@@ -62,12 +62,12 @@ class EngineConfig:
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
-    # matchers (guided/fsm/mask_shards.py); 0: every row filled in the engine's process. Off by
-    # default: on an H200 (RESULTS, session 7) 4 shards changed warm runs (grammars already
-    # shipped) 0.94-1.31x for the default model and 1.12-1.24x for the 8B at 256, 0.91-0.97x for
-    # the 8B at 64, while the default model's first run of a wave of new grammars fell to
-    # 0.57-0.69x as they ship: worth it for repeated schemas at high concurrency
-    mask_processes: int = 0
+    # matchers (guided/fsm/mask_shards.py); 0: every row filled in the engine's process; None:
+    # 4 under overlapped scheduling for a model under 1B weights on a host of 8 or more CPUs
+    # (policy.default_mask_processes), else 0. A cold wave of new grammars fills in-process while they ship (session 7 measured
+    # such a first run at 0.57-0.69x of in-process fills on an H200); warm ones fill beside the
+    # loop (H100, default model at 64: constrained / free 0.68-0.79 against 0.61-0.63)
+    mask_processes: int | None = None
 
     # GPU execution
     cuda_graphs: bool = True
@@ -133,8 +133,8 @@ class EngineConfig:
              "min_anchor_gain")
         need(0.0 <= self.lazy_mask_min_allowed <= 1.0, "lazy_mask_min_allowed must lie in [0, 1]",
              "lazy_mask_min_allowed")
-        need(0 <= self.mask_processes <= 64, "mask_processes must lie in [0, 64]",
-             "mask_processes")
+        need(self.mask_processes is None or 0 <= self.mask_processes <= 64,
+             "mask_processes must lie in [0, 64] (or None)", "mask_processes")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
              "max_jump_forward_tokens")
 

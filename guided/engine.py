@@ -12,7 +12,7 @@ from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.bitmask_fill import Bans
+from guided.fsm.bitmask_fill import NUM_CPUS, Bans
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked, note_json_token
 from guided.fsm.mask_prefetch import MaskPrefetch
@@ -22,12 +22,13 @@ from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
 from guided.prompts import eos_token_ids, prompt_token_ids
+from guided.scheduler import policy
 from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker import loader
-from guided.worker.model_runner import ModelRunner
+from guided.worker.model_runner import ModelRunner, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,17 @@ class Engine:
             raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
         self.step_times = StepTimes()
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None else
+                        resolve_device(config).type == "cuda" and config.num_scheduler_steps == 1)
+        shards = policy.default_mask_processes(overlapped=self.overlap, num_cpus=NUM_CPUS,
+                                               num_params=model_config.num_params)
+        self.mask_processes = shards if config.mask_processes is None else config.mask_processes
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
-                                  step_times=self.step_times,
-                                  shared_masks=config.mask_processes > 0)
+                                  step_times=self.step_times, shared_masks=self.mask_processes > 0)
         del state
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
-        self.overlap = (config.async_scheduling if config.async_scheduling is not None
-                        else self.runner.device.type == "cuda" and config.num_scheduler_steps == 1)
         self.lazy_masks = config.lazy_masks if config.lazy_masks is not None else self.overlap
         self._lazy_min_allowed = config.lazy_mask_min_allowed if self.lazy_masks else None
         self._lazy_gate = LazyGate()
@@ -83,14 +86,13 @@ class Engine:
             propose=self._propose, concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
-        if config.mask_processes:
+        if self.mask_processes:
             self.compiler  # starts the shards now: they take seconds to import
-        log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d = %d tokens, "
-                 "max_model_len %d, %s scheduling", time.perf_counter() - t0, config.model,
-                 self.runner.device, str(self.runner.dtype).removeprefix("torch."),
-                 self.runner.num_blocks, config.block_size,
-                 self.runner.num_blocks * config.block_size, self.max_model_len,
-                 "overlapped" if self.overlap else "synchronous")
+        log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d tokens, "
+                 "max_model_len %d, %s scheduling, %d mask shards", time.perf_counter() - t0,
+                 config.model, self.runner.device, str(self.runner.dtype).removeprefix("torch."),
+                 self.runner.num_blocks, config.block_size, self.max_model_len,
+                 "overlapped" if self.overlap else "synchronous", self.mask_processes)
 
     @property
     def compiler(self):
@@ -100,9 +102,8 @@ class Engine:
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
-            if self.config.mask_processes:
-                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
-                                          self.config.mask_processes)
+            if self.mask_processes:
+                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info, self.mask_processes)
         return self._compiler
 
     @property
@@ -289,8 +290,7 @@ class Engine:
                 self._to_propose.append(request)
 
     def _propose(self) -> None:
-        """Drafts for the requests the last update moved on (apart from the update: under
-        overlap the masks start filling in between)."""
+        """Drafts for the requests the last update moved on (under overlap, after the fill)."""
         to_propose, self._to_propose = self._to_propose, []
         num_running = len(self.scheduler.running)
         with self.step_times.phase("jump_forward"):

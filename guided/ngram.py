@@ -43,22 +43,19 @@ class NgramIndex:
         tokens followed by `suffix` (tokens not committed yet: the forced drafts)."""
         if k <= 0:
             return []
-        tokens = self.tokens
-        context_len = len(tokens) + len(suffix)
+        # one list (the suffix is a few tokens): indexing it beats a per-position closure
+        context = self.tokens + suffix if suffix else self.tokens
+        context_len = len(context)
         if context_len < min_n + 1:
             return []
-
-        def at(i: int) -> int:
-            return tokens[i] if i < len(tokens) else suffix[i - len(tokens)]
-
-        last = at(context_len - 1)
+        last = context_len - 1
         best_n, best_end = 0, -1
-        ends = self.positions.get(last, ())
-        for end in reversed(ends[-MAX_CANDIDATES:]):  # latest first
-            if end >= context_len - 1:
+        # the latest earlier occurrences of the last token first
+        for end in reversed(self.positions.get(context[last], ())[-MAX_CANDIDATES:]):
+            if end >= last:
                 continue
             n = 1
-            while n < max_n and end - n >= 0 and at(end - n) == at(context_len - 1 - n):
+            while n < max_n and end - n >= 0 and context[end - n] == context[last - n]:
                 n += 1
             if n > best_n:
                 best_n, best_end = n, end
@@ -68,8 +65,7 @@ class NgramIndex:
             return []
         start = best_end + 1
         draft = []
-        for i in range(start, min(start + k, context_len)):
-            token = at(i)
+        for token in context[start:min(start + k, context_len)]:
             if token in self.barrier:
                 break
             draft.append(token)

@@ -8,6 +8,7 @@ or in Python threads for large batches (see benchmarks/bench_grammar.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -143,28 +144,37 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
 
 
 def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor, *,
-                    num_threads: int, bans: Bans | None = None) -> None:
+                    num_threads: int, bans: Bans | None = None, times=None) -> None:
     """entries: (matcher, drafts, first row). A request with drafts gets a row per verified
     position: the mask before each draft token. Requests without drafts are one batched fill;
     an xgrammar matcher walks its drafts in one C++ call (traverse_draft_tree: 0.6 ms against
     2.2 ms for 64 requests of 8 drafts, walked depth by depth from Python, on the CPU); other
     matchers are walked depth by depth. The matchers end where they began, holding only
     committed tokens. A draft the grammar rejects raises RuntimeError. bans: where to leave
-    the token bans for the caller (the runner ANDs them on the device); None: applied here."""
+    the token bans for the caller (the runner ANDs them on the device); None: applied here.
+    times: a StepTimes, to time the plain rows' and the drafts' rows' parts of a step's fill."""
     from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 
+    part = times.phase if times is not None else _untimed
     pending: Bans = {} if bans is None else bans
-    fill_bitmasks([(m, first) for m, drafts, first in entries if not drafts], bitmask,
-                  num_threads=num_threads, bans=pending)
-    chains = [entry for entry in entries if entry[1]]
-    walked = [entry for entry in chains if not isinstance(entry[0], XGrammarMatcher)]
-    _traverse_all([entry for entry in chains if isinstance(entry[0], XGrammarMatcher)],
-                  bitmask, num_threads, pending)
-    if walked:
-        _walk_draft_rows(walked, bitmask, num_threads, pending)
-    if bans is None:
-        apply_bans(bitmask, pending)
-    _check_drafts_allowed(chains, bitmask)
+    with part("mask_fill: plain rows (part)"):
+        fill_bitmasks([(m, first) for m, drafts, first in entries if not drafts], bitmask,
+                      num_threads=num_threads, bans=pending)
+    with part("mask_fill: draft rows (part)"):
+        chains = [entry for entry in entries if entry[1]]
+        walked = [entry for entry in chains if not isinstance(entry[0], XGrammarMatcher)]
+        _traverse_all([entry for entry in chains if isinstance(entry[0], XGrammarMatcher)],
+                      bitmask, num_threads, pending)
+        if walked:
+            _walk_draft_rows(walked, bitmask, num_threads, pending)
+        if bans is None:
+            apply_bans(bitmask, pending)
+        _check_drafts_allowed(chains, bitmask)
+
+
+@contextlib.contextmanager
+def _untimed(name: str):
+    yield
 
 
 _chains: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # drafts -> (next, sibling) links

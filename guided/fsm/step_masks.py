@@ -3,6 +3,7 @@ row before every draft, then the bonus row), in the order the runner lays out sa
 from __future__ import annotations
 
 import contextlib
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -73,6 +74,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     voided entries, and of drafts anchored on a token the previous step did not sample.
     lazy_min_allowed: with lazy masks (guided/fsm/lazy_masks.py), where each filled request's
     last row is measured; the rows of a request sampled unmasked allow everything."""
+    started = time.perf_counter()
     entries: list = []  # (request, drafts, first row) still to fill
     last_rows: list[tuple[Request, int]] = []
     src: list[int] = []
@@ -109,6 +111,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
+    times.seconds["mask_fill: copies (part)"] += time.perf_counter() - started
     bans: Bans = {}
     heavy = []
     if any(request.matcher.heavy for request, _, _ in entries):
@@ -135,14 +138,15 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         if shards is not None:
             times.count("mask_rows_local", sum(len(d) + 1 for _, d, _ in local))
         try:
-            fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans)
+            fill_draft_rows(local, bitmask, num_threads=num_threads, bans=bans, times=times)
         except BaseException:
             # the shards' replies taken, the side threads done, before it fails (first fault)
             with contextlib.suppress(Exception):
                 fill.wait()
             raise
     if not fill.in_progress:  # nobody waits for it
-        fill.measure_widths()
+        with times.phase("mask_fill: widths (part)"):
+            fill.measure_widths()
     return fill
 
 

@@ -101,3 +101,11 @@ def test_samples_unmasked_only_in_wide_states_without_forced_text_or_filters():
 def test_lazy_masks_pay_only_while_the_host_bounds_the_step():
     assert policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=3.0)
     assert not policy.lazy_masks_pay(device_wait_ms=3.0, fill_ms=1.0)
+
+
+def test_mask_shards_by_default_only_for_small_models_under_overlap_on_roomy_hosts():
+    small, large = 135_000_000, 8_000_000_000
+    assert policy.default_mask_processes(overlapped=True, num_cpus=16, num_params=small) == 4
+    assert policy.default_mask_processes(overlapped=True, num_cpus=16, num_params=large) == 0
+    assert policy.default_mask_processes(overlapped=False, num_cpus=16, num_params=small) == 0
+    assert policy.default_mask_processes(overlapped=True, num_cpus=2, num_params=small) == 0

@@ -132,11 +132,15 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_matcher", "_num_tokens", "_stopped", "ban", "compiled", "heavy")
+    __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled",
+                 "heavy")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None, heavy: bool = False):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
+        # the C++ matcher itself for the calls the step loop makes per token (~250 a step at
+        # 64 requests): xgrammar's Python wrappers double their cost
+        self._handle = getattr(self._matcher, "_handle", self._matcher)
         self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
         self.heavy = heavy  # see Matcher.heavy
         self._num_tokens = len(vocab.token_bytes)
@@ -157,7 +161,7 @@ class XGrammarMatcher(Matcher):
             return False
         if self.ban is not None and token_id in self.ban.ids:
             return False
-        accepted = self._matcher.accept_token(token_id)
+        accepted = self._handle.accept_token(token_id, False)
         if accepted and token_id in self._eos:  # a rejected EOS (a lazy row's) ends nothing
             self._stopped = True
         return accepted
@@ -177,13 +181,13 @@ class XGrammarMatcher(Matcher):
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
-            self._matcher.rollback(num_tokens)
+            self._handle.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
-        return self._stopped and self._matcher.is_terminated()
+        return self._stopped and self._handle.is_terminated()
 
     def ended_with(self, token_id: int) -> bool:
-        return token_id in self._eos and self._matcher.is_terminated()
+        return token_id in self._eos and self._handle.is_terminated()
 
     def forced_string(self) -> bytes:
         if self.is_terminated():  # find_jump_forward_string raises once terminated
