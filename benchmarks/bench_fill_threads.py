@@ -78,8 +78,9 @@ def main() -> None:
     tokenizer = loader.load_tokenizer("default")
     compiler = GrammarCompiler(tokenizer, vocab_size=len(tokenizer), config=EngineConfig())
     schemas = []
-    for line in open(args.workload):
-        body = json.loads(line)["body"]
+    with open(args.workload) as f:
+        bodies = [json.loads(line)["body"] for line in f]
+    for body in bodies:
         schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema")
         if schema is not None:
             schemas.append(json.dumps(schema))
@@ -115,7 +116,7 @@ def main() -> None:
     for n in batches:
         cells = []
         for _, fn in modes:
-            seconds = timed(lambda: fn(n), args.repeats)
+            seconds = timed(lambda fn=fn, n=n: fn(n), args.repeats)
             cells.append(f"{seconds * 1e3:.3f} ms ({seconds * 1e6 / n:.0f} µs/row)")
         print(f"| {n} | {' | '.join(cells)} |", flush=True)
     for pool in pools.values():

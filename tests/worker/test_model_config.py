@@ -11,9 +11,9 @@ from guided.worker.models.llama import LlamaForCausalLM
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_num_params_counts_the_built_models_weights(tied):
-    small = dict(SYNTHETIC_SHAPES["smollm2-135m"], hidden_size=64, intermediate_size=96,
-                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=500,
-                 tie_word_embeddings=tied)
+    small = {**SYNTHETIC_SHAPES["smollm2-135m"], "hidden_size": 64, "intermediate_size": 96,
+             "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+             "vocab_size": 500, "tie_word_embeddings": tied}
     config = ModelConfig(name="test", **small)
     model = LlamaForCausalLM(config)
     assert config.num_params == sum(p.numel() for p in model.parameters())
