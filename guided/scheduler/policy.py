@@ -147,6 +147,6 @@ def default_mask_processes(*, overlapped: bool, num_cpus: int, num_params: int) 
     for a model whose forward pass is short (under a billion weights), so that a step waits on
     the loop's grammar work, on a host with cores to spare beside the loop, the mask threads and
     the compile threads. H100, warm grammars, constrained / free: the default model at 64 0.68-0.79
-    with 4 or 8 shards against 0.61-0.63 without; the random 8B at 256 0.74 against 0.89, its
+    with 4 or 8 shards against 0.61-0.66 without; the random 8B at 256 0.74 against 0.89, its
     fills being cheap already with lazy masks (benchmarks/RESULTS.md, session 13)."""
     return 4 if overlapped and num_cpus >= 8 and num_params < 1_000_000_000 else 0
