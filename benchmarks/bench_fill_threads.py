@@ -88,6 +88,8 @@ def main() -> None:
     matchers = walked_matchers(compiler, schemas[:2 * max(batches)], max_depth=args.max_depth,
                                seed=0)[:max(batches)]
     batches = [n for n in batches if n <= len(matchers)]
+    if not batches:
+        raise SystemExit(f"only {len(matchers)} usable schemas in {args.workload}")
     raw = [m.xgrammar_matcher for m in matchers]
     words = (compiler.vocab.vocab_size + 31) // 32
     bitmask = torch.zeros(max(batches), words, dtype=torch.int32)

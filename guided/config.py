@@ -63,11 +63,11 @@ class EngineConfig:
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
     # matchers (guided/fsm/mask_shards.py); 0: every row filled in the engine's process; None:
-    # 4 under overlapped scheduling for a model under 1B weights on a host of 8 or more CPUs
-    # (policy.default_mask_processes), else 0. A cold wave of new grammars fills in-process
-    # while they ship (session 7: such a first run at 0.57-0.69x of in-process fills, H200);
-    # warm ones fill beside the loop (H100, default model, constrained / free: 0.68-0.79
-    # against 0.61-0.66 at 64, 0.55 against 0.46 at 256; RESULTS, session 13)
+    # 4 under overlapped scheduling on a GPU for a model under 1B weights on a host of 8 or
+    # more CPUs (policy.default_mask_processes), else 0. A cold wave of new grammars fills
+    # in-process while they ship (RESULTS, session 7: such a first run at 0.57-0.69x of
+    # in-process fills, H200); warm ones fill beside the loop (RESULTS, session 13: H100,
+    # default model at 64, constrained / free 0.68-0.79 against 0.61-0.66)
     mask_processes: int | None = None
 
     # GPU execution

@@ -42,15 +42,14 @@ class Engine:
         model_config = loader.load_model_config(config.model)
         state = None if config.model.startswith("synthetic:") else loader.load_state_dict(
             config.model)
-        self.vocab_size = len(self.tokenizer)
-        if self.vocab_size > model_config.vocab_size:
-            raise ValueError(f"tokenizer has {self.vocab_size} tokens but the model only "
-                             f"{model_config.vocab_size} embedding rows")
+        self.vocab_size = len(self.tokenizer)  # the runner checks the model has as many rows
         self.step_times = StepTimes()
-        self.overlap = (config.async_scheduling if config.async_scheduling is not None else
-                        resolve_device(config).type == "cuda" and config.num_scheduler_steps == 1)
-        shards = policy.default_mask_processes(overlapped=self.overlap, num_cpus=NUM_CPUS,
-                                               num_params=model_config.num_params)
+        on_gpu = resolve_device(config).type == "cuda"
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None
+                        else on_gpu and config.num_scheduler_steps == 1)
+        shards = policy.default_mask_processes(
+            overlapped=self.overlap, on_gpu=on_gpu, num_cpus=NUM_CPUS,
+            num_params=model_config.num_params)
         self.mask_processes = shards if config.mask_processes is None else config.mask_processes
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times, shared_masks=self.mask_processes > 0)
@@ -103,7 +102,8 @@ class Engine:
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
             if self.mask_processes:
-                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info, self.mask_processes)
+                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
+                                          self.mask_processes)
         return self._compiler
 
     @property
@@ -133,8 +133,7 @@ class Engine:
         spec = params.constraint  # raises ConstraintError for a malformed spec
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        request = Request(
-            request_id=request_id, prompt_token_ids=prompt_ids, params=params,
+        request = Request(request_id=request_id, prompt_token_ids=prompt_ids, params=params,
             seed=params.seed if params.seed is not None else self._rng.getrandbits(63),
             eos_token_ids=() if params.ignore_eos else self.eos_token_ids, max_tokens=max_tokens)
         request.metrics.arrival_time = arrival_time or time.time()
@@ -290,7 +289,7 @@ class Engine:
                 self._to_propose.append(request)
 
     def _propose(self) -> None:
-        """Drafts for the requests the last update moved on (under overlap, after the fill)."""
+        """Drafts for the requests the last update moved on (under overlap, the fill started)."""
         to_propose, self._to_propose = self._to_propose, []
         num_running = len(self.scheduler.running)
         with self.step_times.phase("jump_forward"):
@@ -367,8 +366,7 @@ class Engine:
                 request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                 token_ids=list(request.output_token_ids), text=text,
                 finished=request.is_finished, finish_reason=request.finish_reason,
-                stop_reason=request.stop_reason, error=request.error,
-                error_type=request.error_type,
+                stop_reason=request.stop_reason, error=request.error, error_type=request.error_type,
                 logprobs=None if request.logprobs is None else list(request.logprobs),
                 metrics=request.metrics))
             if request.is_finished:

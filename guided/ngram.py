@@ -43,19 +43,22 @@ class NgramIndex:
         tokens followed by `suffix` (tokens not committed yet: the forced drafts)."""
         if k <= 0:
             return []
-        # one list (the suffix is a few tokens): indexing it beats a per-position closure
-        context = self.tokens + suffix if suffix else self.tokens
-        context_len = len(context)
+        tokens = self.tokens
+        suffix = list(suffix)
+        context_len = len(tokens) + len(suffix)
         if context_len < min_n + 1:
             return []
+        # the context's last max_n tokens, in one list: indexing it beats a per-position
+        # closure over tokens and suffix, and copies a few tokens instead of the context
+        tail = (tokens[-max_n:] + suffix)[-max_n:]
         last = context_len - 1
         best_n, best_end = 0, -1
-        # the latest earlier occurrences of the last token first
-        for end in reversed(self.positions.get(context[last], ())[-MAX_CANDIDATES:]):
+        # the latest earlier occurrences of the last token first (positions index `tokens`)
+        for end in reversed(self.positions.get(tail[-1], ())[-MAX_CANDIDATES:]):
             if end >= last:
                 continue
             n = 1
-            while n < max_n and end - n >= 0 and context[end - n] == context[last - n]:
+            while n < max_n and end - n >= 0 and tokens[end - n] == tail[-1 - n]:
                 n += 1
             if n > best_n:
                 best_n, best_end = n, end
@@ -63,9 +66,9 @@ class NgramIndex:
                     break
         if best_n < min_n:
             return []
-        start = best_end + 1
+        start = best_end + 1  # <= len(tokens): the draft reads on into the suffix
         draft = []
-        for token in context[start:min(start + k, context_len)]:
+        for token in (tokens[start:start + k] + suffix[:max(0, start + k - len(tokens))])[:k]:
             if token in self.barrier:
                 break
             draft.append(token)

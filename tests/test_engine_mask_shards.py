@@ -61,3 +61,15 @@ def test_shards_give_the_same_outputs_as_in_process_masks(overlap):
     finally:
         plain.engine.shutdown()
         sharded.engine.shutdown()
+
+
+def test_no_shards_by_default_off_the_gpu_even_when_overlapped(monkeypatch):
+    import guided.engine
+
+    monkeypatch.setattr(guided.engine, "NUM_CPUS", 64)  # a roomy host: only the device decides
+    llm = LLM(num_kv_blocks=64, max_num_seqs=2, device="cpu", async_scheduling=True)
+    try:
+        assert llm.engine.overlap and llm.engine.mask_processes == 0
+        assert llm.engine._shards is None
+    finally:
+        llm.engine.shutdown()

@@ -142,11 +142,13 @@ def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
     return tokens_left > 0 and not needs_history
 
 
-def default_mask_processes(*, overlapped: bool, num_cpus: int, num_params: int) -> int:
-    """Mask shard processes when the config leaves it open: under overlapped scheduling (a GPU)
-    for a model whose forward pass is short (under a billion weights), so that a step waits on
-    the loop's grammar work, on a host with cores to spare beside the loop, the mask threads and
-    the compile threads. H100, warm grammars, constrained / free: the default model at 64 0.68-0.79
-    with 4 or 8 shards against 0.61-0.66 without; the random 8B at 256 0.74 against 0.89, its
-    fills being cheap already with lazy masks (benchmarks/RESULTS.md, session 13)."""
-    return 4 if overlapped and num_cpus >= 8 and num_params < 1_000_000_000 else 0
+def default_mask_processes(*, overlapped: bool, on_gpu: bool, num_cpus: int,
+                           num_params: int) -> int:
+    """Mask shard processes when the config leaves it open: under overlapped scheduling on a GPU
+    for a model whose forward pass is short, so that a step waits on the loop's grammar work, on
+    a host with cores to spare beside the loop, the mask threads and the compile threads. The
+    bars (1B weights, 8 CPUs) are choices between what was measured (H100 host of 16 CPUs,
+    warm grammars, constrained / free): the 135M default model at 64 gained (0.68-0.79 with 4 or
+    8 shards, 0.61-0.66 without in the same calls), the random 8B at 256 lost (0.74 against
+    0.89), its fills cheap already with lazy masks (benchmarks/RESULTS.md, session 13)."""
+    return 4 if overlapped and on_gpu and num_cpus >= 8 and num_params < 1_000_000_000 else 0

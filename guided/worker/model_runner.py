@@ -103,6 +103,9 @@ class ModelRunner:
                  state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int,
                  step_times: StepTimes | None = None, shared_masks: bool = False):
         """shared_masks: mask rows in files mapped in memory, for mask shard processes."""
+        if vocab_size > model_config.vocab_size:
+            raise ValueError(f"tokenizer has {vocab_size} tokens but the model only "
+                             f"{model_config.vocab_size} embedding rows")
         self.config = config
         self.times = step_times or StepTimes()
         self.model_config = model_config

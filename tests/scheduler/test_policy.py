@@ -103,9 +103,14 @@ def test_lazy_masks_pay_only_while_the_host_bounds_the_step():
     assert not policy.lazy_masks_pay(device_wait_ms=3.0, fill_ms=1.0)
 
 
-def test_mask_shards_by_default_only_for_small_models_under_overlap_on_roomy_hosts():
-    small, large = 135_000_000, 8_000_000_000
-    assert policy.default_mask_processes(overlapped=True, num_cpus=16, num_params=small) == 4
-    assert policy.default_mask_processes(overlapped=True, num_cpus=16, num_params=large) == 0
-    assert policy.default_mask_processes(overlapped=False, num_cpus=16, num_params=small) == 0
-    assert policy.default_mask_processes(overlapped=True, num_cpus=2, num_params=small) == 0
+def test_mask_shards_by_default_only_for_small_models_overlapped_on_a_gpu_of_a_roomy_host():
+    def shards(overlapped=True, on_gpu=True, num_cpus=16, num_params=135_000_000):
+        return policy.default_mask_processes(overlapped=overlapped, on_gpu=on_gpu,
+                                             num_cpus=num_cpus, num_params=num_params)
+
+    assert shards() == 4
+    assert shards(num_cpus=8) == 4 and shards(num_cpus=7) == 0
+    assert shards(num_params=999_999_999) == 4 and shards(num_params=1_000_000_000) == 0
+    assert shards(num_params=8_000_000_000) == 0
+    assert shards(overlapped=False) == 0
+    assert shards(on_gpu=False) == 0  # overlapped steps on the CPU (tests) fill in-process

@@ -138,9 +138,9 @@ class XGrammarMatcher(Matcher):
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None, heavy: bool = False):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
-        # the C++ matcher itself for the calls the step loop makes per token (~250 a step at
-        # 64 requests): xgrammar's Python wrappers double their cost
-        self._handle = getattr(self._matcher, "_handle", self._matcher)
+        # the C++ matcher itself for the calls the step loop makes per token, past xgrammar's
+        # Python wrappers (an xgrammar without it fails here, in every matcher test)
+        self._handle = self._matcher._handle
         self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
         self.heavy = heavy  # see Matcher.heavy
         self._num_tokens = len(vocab.token_bytes)
