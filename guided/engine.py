@@ -133,7 +133,8 @@ class Engine:
         spec = params.constraint  # raises ConstraintError for a malformed spec
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        request = Request(request_id=request_id, prompt_token_ids=prompt_ids, params=params,
+        request = Request(
+            request_id=request_id, prompt_token_ids=prompt_ids, params=params,
             seed=params.seed if params.seed is not None else self._rng.getrandbits(63),
             eos_token_ids=() if params.ignore_eos else self.eos_token_ids, max_tokens=max_tokens)
         request.metrics.arrival_time = arrival_time or time.time()
