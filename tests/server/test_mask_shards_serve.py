@@ -15,15 +15,15 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 20},
-    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-    "required": ["name", "age"], "additionalProperties": False}
+BOOK = {"type": "object", "required": ["title", "authors"], "additionalProperties": False,
+        "properties": {"title": {"type": "string", "maxLength": 30},
+                       "authors": {"type": "array", "items": {"type": "string", "maxLength": 16},
+                                   "minItems": 1, "maxItems": 2}}}
 CITY = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24},
     "country": {"type": "string", "enum": ["France", "Japan", "Peru"]}},
     "required": ["city", "country"], "additionalProperties": False}
-ASKS = [("Describe a person as JSON.", PERSON), ("Name a city and its country as JSON.", CITY)]
+ASKS = [("Describe a book as JSON.", BOOK), ("Name a city and its country as JSON.", CITY)]
 
 
 def alive(pid: int) -> bool:
