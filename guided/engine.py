@@ -57,8 +57,7 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
-        self.lazy_masks = config.lazy_masks if config.lazy_masks is not None else self.overlap
-        self._lazy_min_allowed = config.lazy_mask_min_allowed if self.lazy_masks else None
+        self.set_lazy_masks(config.lazy_masks if config.lazy_masks is not None else self.overlap)
         self._lazy_gate = LazyGate()
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self._prefetch = MaskPrefetch(self.runner.submit_host_job, self.runner.mask_words,
