@@ -3,8 +3,11 @@ never half a UTF-8 character (a trailing U+FFFD waits for the next token)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from guided.scheduler.request import Request
+if TYPE_CHECKING:
+    from guided.scheduler.request import Request
+
 
 Decode = Callable[..., str]  # decode(ids, skip_special_tokens=...) -> text
 

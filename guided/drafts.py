@@ -6,13 +6,18 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from guided.config import EngineConfig
-from guided.fsm.jump_forward import CachedEncoder, propose_anchored_drafts, propose_draft_tokens
+from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
 from guided.ngram import NgramIndex
 from guided.scheduler import policy
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest
+from guided.step_times import StepTimes
+
+if TYPE_CHECKING:
+    from guided.fsm.shard_drafts import PendingDrafts, ShardDrafts
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ class DraftProposer:
     def __init__(self, config: EngineConfig, encoder: CachedEncoder, token_bytes: list[bytes],
                  *, max_model_len: int, max_draft_tokens: int | None,
                  special_ids: frozenset[int], overlap: bool,
-                 payoff: AnchorPayoff | None = None):
+                 payoff: AnchorPayoff | None = None, shards: ShardDrafts | None = None):
         self.config = config
         self.payoff = payoff or AnchorPayoff(min_gain=config.min_anchor_gain)
         self.encoder = encoder
@@ -56,57 +61,95 @@ class DraftProposer:
         self.max_draft_tokens = max_draft_tokens or config.max_jump_forward_tokens
         self.special_ids = special_ids
         self.overlap = overlap  # the next step assumes the drafts in flight accepted
+        self.shards = shards  # mask shards, which walk the drafts of requests they mirror
+        self._asks: list[tuple[Request, DraftAsk]] = []  # planned, to walk here
+        self._asked: PendingDrafts | None = None  # planned, walked in mask shards
+
+    def ask(self, requests: list[Request], *, num_running: int, times: StepTimes) -> None:
+        """Plans the requests' next drafts; those a mask shard mirrors are sent there, to be
+        walked beside the loop until finish()."""
+        with times.phase("jump_forward"):
+            asks = [(r, ask) for r in requests if not r.is_finished
+                    and (ask := self.plan(r, num_running=num_running)) is not None]
+            self._asks, self._asked = asks, None
+            if self.shards is not None and asks:
+                self._asks, self._asked = self.shards.ask_drafts(asks)
+
+    def finish(self, times: StepTimes) -> None:
+        """The asked drafts set on their requests: walked here, or taken from the shards."""
+        asks, asked, self._asks, self._asked = self._asks, self._asked, [], None
+        with times.phase("jump_forward"):
+            for request, ask in asks:
+                self.propose_here(request, ask)
+        if asked is None:
+            return
+        with times.phase("drafts_wait"):
+            done, failed = asked.wait()
+        times.count("drafts_shards", len(done))
+        for request, result in done:
+            set_drafts(request, result)
+        for request, ask in failed:  # its shard failed: the loop's matchers walk them
+            self.propose_here(request, ask)
 
     def propose(self, request: Request, *, num_running: int = 1) -> None:
         """Set the request's draft_token_ids / draft_anchor / num_forced_drafts for its next
         step, from its draft matcher's state (and, while a step of it is in flight, after
         it). The mask thread may be walking the request's other matcher meanwhile.
         num_running: the batch size, which decides whether lookup guesses are drafted."""
+        ask = self.plan(request, num_running=num_running)
+        if ask is not None:
+            self.propose_here(request, ask)
+
+    def plan(self, request: Request, *, num_running: int = 1) -> DraftAsk | None:
+        """The policy's half of a proposal: clears the request's drafts and says what its next
+        proposal may look at (None: nothing to propose). Counts its cool-downs down."""
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
         room = min(room, self.config.max_jump_forward_tokens, self.max_draft_tokens)
         request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
         if room <= 0:
-            return
+            return None
         if inflight is not None and not (self.overlap and request.anchored_skip) \
                 and not self.payoff.allows():
-            return  # anchored drafts do not pay now
-        lookup_tokens = self.config.lookup_draft_tokens
+            return None  # anchored drafts do not pay now
+        lookup_tokens = (self.config.lookup_draft_tokens if policy.drafts_lookup(
+            num_running, max_batch=self.config.lookup_max_batch) and self._lookup_ready(request)
+            else 0)
+        if self.overlap and request.anchored_skip:
+            request.anchored_skip -= 1
+            return None
+        assumed = (None if inflight is None
+                   else tuple(inflight.draft_token_ids[:inflight.num_live_drafts]))
+        return DraftAsk(room, lookup_tokens, assumed)
+
+    def propose_here(self, request: Request, ask: DraftAsk) -> None:
+        """The walk's half, on the request's draft matcher in this process."""
+        lookup = None
+        if ask.lookup_tokens:
+            if request.ngram is None:
+                request.ngram = NgramIndex(self.special_ids)
+            request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+            lookup = request.ngram
         try:
-            lookup = (self._lookup_index(request) if policy.drafts_lookup(
-                num_running, max_batch=self.config.lookup_max_batch) else None)
-            if self.overlap and request.anchored_skip:
-                request.anchored_skip -= 1
-                drafts, num_forced = [], 0
-            elif inflight is not None:
-                assumed = inflight.draft_token_ids[:inflight.num_live_drafts]
-                request.draft_anchor, drafts, num_forced = propose_anchored_drafts(
-                    self.encoder, self.token_bytes, request.draft_matcher,
-                    request.output_token_ids, assumed, max_tokens=room, lookup=lookup,
-                    lookup_tokens=lookup_tokens)
-            else:
-                drafts, num_forced = propose_draft_tokens(
-                    self.encoder, self.token_bytes, request.draft_matcher,
-                    request.output_token_ids, max_tokens=room, lookup=lookup,
-                    lookup_tokens=lookup_tokens)
+            result = make_drafts(self.encoder, self.token_bytes, request.draft_matcher,
+                                 request.output_token_ids, ask, lookup)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
-            request.draft_anchor, drafts, num_forced = None, [], 0
-        request.draft_token_ids = drafts
-        request.num_forced_drafts = num_forced
+            result = None, [], 0
+        set_drafts(request, result)
 
-    def _lookup_index(self, request: Request) -> NgramIndex | None:
-        """The request's prompt-lookup index, or None while it cools down after misses."""
+    def _lookup_ready(self, request: Request) -> bool:
+        """Whether lookup guesses may be drafted (not while cooling down after misses)."""
         if request.lookup_skip:
             request.lookup_skip -= 1
-            return None
-        if not self.config.lookup_draft_tokens:
-            return None
-        if request.ngram is None:
-            request.ngram = NgramIndex(self.special_ids)
-        request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
-        return request.ngram
+            return False
+        return bool(self.config.lookup_draft_tokens)
+
+
+def set_drafts(request: Request, result: tuple[int | None, list[int], int]) -> None:
+    """A proposal's (anchor, drafts, how many are forced text), made here or in a mask shard."""
+    request.draft_anchor, request.draft_token_ids, request.num_forced_drafts = result
 
 
 def note_anchor_missed(request: Request, item: ScheduledRequest,

@@ -9,7 +9,7 @@ import random
 import time
 
 from guided.config import EngineConfig
-from guided.detokenizer import detokenize_step, fast_decode, find_stop, held_back
+from guided.detokenizer import detokenize_step, fast_decode, find_stop
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import NUM_CPUS, Bans
@@ -81,7 +81,8 @@ class Engine:
                 shards=self._shards, segment=self.runner.bitmask_segment(bitmask),
                 lazy_min_allowed=self._lazy_min_allowed),
             update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
-            propose=self._propose, concurrent_masks=config.concurrent_masks,
+            ask_drafts=self._ask_drafts, propose=self._propose,
+            concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
         self.stats_totals = EngineStats()
         if self.mask_processes:
@@ -101,8 +102,12 @@ class Engine:
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config)
             if self.mask_processes:
+                vocab = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
+                drafting = None if self._encoder.backend_json is None else (
+                    self._encoder.backend_json, vocab.token_bytes, vocab.eos_token_ids,
+                    self._special_ids)
                 self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
-                                          self.mask_processes)
+                                          self.mask_processes, drafting=drafting)
         return self._compiler
 
     @property
@@ -112,7 +117,8 @@ class Engine:
             self._drafts = DraftProposer(
                 self.config, self._encoder, self.compiler.vocab.token_bytes,
                 max_model_len=self.max_model_len, max_draft_tokens=self.runner.max_draft_tokens,
-                special_ids=self._special_ids, overlap=self.overlap, payoff=self.anchor_payoff)
+                special_ids=self._special_ids, overlap=self.overlap, payoff=self.anchor_payoff,
+                shards=self._shards)
         return self._drafts
 
     def set_lazy_masks(self, on: bool) -> None:
@@ -192,6 +198,7 @@ class Engine:
             self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs)
+            self._ask_drafts()
             self._propose()
             if self._shards is None and any(r.matcher is not None for r in self.scheduler.running):
                 self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
@@ -288,14 +295,18 @@ class Engine:
             if self.config.jump_forward and request.matcher is not None:
                 self._to_propose.append(request)
 
-    def _propose(self) -> None:
-        """Drafts for the requests the last update moved on (under overlap, the fill started)."""
+    def _ask_drafts(self) -> None:
+        """Plans drafts for the requests the last update moved on (mask shards walk theirs
+        beside the loop until _propose)."""
         to_propose, self._to_propose = self._to_propose, []
-        num_running = len(self.scheduler.running)
-        with self.step_times.phase("jump_forward"):
-            for request in to_propose:
-                if not request.is_finished:
-                    self.drafts.propose(request, num_running=num_running)
+        if to_propose:
+            self.drafts.ask(to_propose, num_running=len(self.scheduler.running),
+                            times=self.step_times)
+
+    def _propose(self) -> None:
+        """The drafts asked for (under overlap, the fill started meanwhile)."""
+        if self._drafts is not None:
+            self._drafts.finish(self.step_times)
 
     def _append_token(self, request: Request, token: int, logprob, *,
                       accepted: bool = False) -> bool:
@@ -358,17 +369,7 @@ class Engine:
     def _collect_outputs(self) -> list[RequestOutput]:
         outputs = []
         for request in self._changed.values():
-            text = request.text
-            if not request.is_finished and request.params.stop_list:
-                hold = held_back(text, request.params.stop_list)
-                text = text[:len(text) - hold] if hold else text
-            outputs.append(RequestOutput(
-                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                token_ids=list(request.output_token_ids), text=text,
-                finished=request.is_finished, finish_reason=request.finish_reason,
-                stop_reason=request.stop_reason, error=request.error, error_type=request.error_type,
-                logprobs=None if request.logprobs is None else list(request.logprobs),
-                metrics=request.metrics))
+            outputs.append(request.output())
             if request.is_finished:
                 self.requests.pop(request.request_id, None)
         self._changed = {}

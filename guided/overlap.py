@@ -46,13 +46,14 @@ Update = Callable[[SchedulerOutput, RunnerOutput], None]
 
 class OverlappedSteps:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, times: StepTimes, *,
-                 start_masks: StartMasks, update: Update, propose: Callable[[], None],
-                 concurrent_masks: bool = False):
+                 start_masks: StartMasks, update: Update, ask_drafts: Callable[[], None],
+                 propose: Callable[[], None], concurrent_masks: bool = False):
         self._runner = runner
         self._scheduler = scheduler
         self._times = times
         self._start_masks = start_masks
         self._update = update
+        self._ask_drafts = ask_drafts  # plans t+2's drafts; mask shards walk theirs meanwhile
         self._propose = propose  # t+2's drafts, from the requests' draft matchers
         self._concurrent_masks = concurrent_masks
         if concurrent_masks:
@@ -85,6 +86,7 @@ class OverlappedSteps:
                 self._scheduler.landed(sched)
             with times.phase("update"):
                 self._update(sched, result)
+        self._ask_drafts()
         launched = self._launched
         self._launched = None
         bitmask = masks = fill = previous = None

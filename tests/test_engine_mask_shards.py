@@ -49,6 +49,7 @@ def test_shards_give_the_same_outputs_as_in_process_masks(overlap):
         engine.step_times.reset()
         got = sharded.generate(ps, params())
         assert engine.step_times.counts["mask_rows_shards"] > 0
+        assert engine.step_times.counts["drafts_shards"] > 0  # walked in the shards
         for a, b in zip(got, want):
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
         for out in got[:5]:

@@ -19,6 +19,7 @@ per accepted draft. Proposals therefore aim to be the tokens the model itself wo
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from guided.fsm.matcher import Matcher
 from guided.ngram import NgramIndex
@@ -39,17 +40,35 @@ class CachedEncoder:
             return tuple(tokenizer.encode(text, add_special_tokens=False))
 
         encode = slow
+        self.backend_json: str | None = None  # the Rust tokenizer, where it is the path taken
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            def fast(text: str) -> tuple[int, ...]:
-                return tuple(backend.encode(text, add_special_tokens=False).ids)
-
+            fast = _backend_encode(backend)
             if all(fast(p) == slow(p) for p in self.PROBES):
                 encode = fast
+                self.backend_json = backend.to_str()
         self._encode = functools.lru_cache(maxsize=maxsize)(encode)
+
+    @classmethod
+    def from_backend_json(cls, backend_json: str, maxsize: int = 1 << 16) -> CachedEncoder:
+        """The same encoder in another process (a mask shard's), from backend_json."""
+        from tokenizers import Tokenizer
+
+        encoder = cls.__new__(cls)
+        encoder.backend_json = backend_json
+        encoder._encode = functools.lru_cache(maxsize=maxsize)(
+            _backend_encode(Tokenizer.from_str(backend_json)))
+        return encoder
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._encode(text))
+
+
+def _backend_encode(backend):
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(backend.encode(text, add_special_tokens=False).ids)
+
+    return encode
 
 
 def complete_utf8_prefix(data: bytes) -> bytes:
@@ -153,3 +172,27 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
     if len(tokens) < 2:
         return None, [], 0
     return tokens[0], tokens[1:], max(0, num_forced - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftAsk:
+    """A request's next proposal as the proposer's policy decided it (room, cool-downs,
+    payoff), to be walked on a matcher in the loop or on a mask shard's mirror."""
+    room: int  # drafts at most
+    lookup_tokens: int  # prompt-lookup guesses at most (0: none)
+    assumed: tuple[int, ...] | None  # the in-flight step's drafts (anchored); None: unanchored
+
+
+def make_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher, output_ids: list[int],
+                ask: DraftAsk, lookup: NgramIndex | None) -> tuple[int | None, list[int], int]:
+    """(anchor, drafts, how many drafts are forced text) for `ask` at the matcher's state (the
+    committed tokens output_ids); lookup: the request's synced index, where ask allows it."""
+    lookup = lookup if ask.lookup_tokens else None
+    if ask.assumed is not None:
+        return propose_anchored_drafts(tokenizer, token_bytes, matcher, output_ids,
+                                       list(ask.assumed), max_tokens=ask.room, lookup=lookup,
+                                       lookup_tokens=ask.lookup_tokens)
+    drafts, num_forced = propose_draft_tokens(tokenizer, token_bytes, matcher, output_ids,
+                                              max_tokens=ask.room, lookup=lookup,
+                                              lookup_tokens=ask.lookup_tokens)
+    return None, drafts, num_forced

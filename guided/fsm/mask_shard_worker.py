@@ -1,20 +1,26 @@
 """The body of a mask shard process (guided/fsm/mask_shards.py says why they exist).
 
 It holds a mirror matcher for each request the engine placed on it, fed the request's
-committed tokens, and fills those requests' rows of a step's mask buffer (a file the engine
-mapped in memory too). Messages, in order on one pipe:
+committed tokens, fills those requests' rows of a step's mask buffer (a file the engine
+mapped in memory too) and walks their jump-forward drafts. Messages, in order on one pipe:
 
   ("load", gid, path)           load a compiled grammar serialized to a file (on a loader thread:
                                 it may take tens of ms, and fills go on meanwhile); no reply
   ("drop", gid)                 forget a grammar no mirror uses; no reply
+  ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban); no reply
+  ("drafts", seq, opens, closes, asks)
+      asks: [(request_id, committed tokens since the last sync, DraftAsk fields)]
+      reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault)
   ("step", seq, path, capacity, opens, closes, fills)
-      closes: [request_id]; opens: [(request_id, gid)], gids already loaded;
-      fills: [(request_id, committed tokens since the last fill, drafts, first row)]
+      closes: [request_id]; opens: [(request_id, gid, ban key or None, prompt ids)], gids
+      already loaded; fills: [(request_id, committed tokens since the last sync, drafts,
+      first row)]
       reply: ("step", seq, (kind, error) or None, gids loaded since, gids that failed to
       load); kind "draft": a draft the grammar rejects, "fault": the mirror is off
   ("stop",)
 
-The first message is the xgrammar TokenizerInfo as JSON; it replies ("ready",) once its
+The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
+Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready",) once its
 imports and the tokenizer are in place. Run as `python -m guided.fsm.mask_shard_worker ADDRESS`
 (GUIDED_SHARD_AUTHKEY in the environment): it connects back to the engine's listener.
 """
@@ -34,15 +40,27 @@ def serve(conn) -> None:
     import torch
     import xgrammar as xgr
 
+    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
     from guided.fsm.bitmask_fill import rejected_draft, traverse_chain
+    from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
+    from guided.fsm.vocab import TokenVocab
+    from guided.ngram import NgramIndex
 
     torch.set_num_threads(1)
     try:
-        info = xgr.TokenizerInfo.deserialize_json(conn.recv())
+        info_json, drafting = conn.recv()
     except (EOFError, OSError):  # the engine exited while this shard was starting
         return
+    info = xgr.TokenizerInfo.deserialize_json(info_json)
+    encoder = vocab = None
+    if drafting is not None:
+        backend_json, token_bytes, eos_ids, special_ids = drafting
+        encoder = CachedEncoder.from_backend_json(backend_json)
+        vocab = TokenVocab(token_bytes, tuple(eos_ids), frozenset(special_ids),
+                           len(token_bytes))
     grammars: dict[int, object] = {}
-    matchers: dict[str, object] = {}
+    bans: dict[int, _Ban] = {}
+    mirrors: dict[str, _Mirror] = {}
     mapped: OrderedDict[str, torch.Tensor] = OrderedDict()
     loader = ThreadPoolExecutor(1, thread_name_prefix="grammar-load")
     lock = threading.Lock()
@@ -73,19 +91,55 @@ def serve(conn) -> None:
         mapped.move_to_end(path)
         return rows
 
-    def step(path: str, capacity: int, opens, closes, fills) -> tuple | None:
+    def open_and_close(opens, closes) -> None:
         for request_id in closes:
-            matchers.pop(request_id, None)
+            mirrors.pop(request_id, None)
         with lock:
-            for request_id, gid in opens:
-                matchers[request_id] = xgr.GrammarMatcher(grammars[gid])
+            for request_id, gid, ban, prompt in opens:
+                grammar = grammars[gid]
+                matcher = (XGrammarMatcher(grammar, vocab, ban=bans.get(ban))
+                           if vocab is not None else None)
+                mirrors[request_id] = _Mirror(
+                    xgr.GrammarMatcher(grammar) if matcher is None else matcher.xgrammar_matcher,
+                    matcher, prompt)
+
+    def sync(request_id: str, tokens: list[int]) -> _Mirror:
+        mirror = mirrors[request_id]
+        accept = mirror.matcher.accept_token if mirror.matcher else mirror.xgrammar.accept_token
+        for token in tokens:
+            if not accept(token):
+                raise RuntimeError(f"the mirror of {request_id} rejected token {token}")
+        mirror.outputs.extend(tokens)
+        return mirror
+
+    def propose(opens, closes, asks) -> list:
+        open_and_close(opens, closes)
+        results = []
+        for request_id, tokens, room, lookup_tokens, assumed in asks:
+            mirror = sync(request_id, tokens)
+            lookup = None
+            if lookup_tokens:
+                if mirror.ngram is None:
+                    mirror.ngram = NgramIndex(vocab.special_ids)
+                mirror.ngram.sync(mirror.prompt, mirror.outputs)
+                lookup = mirror.ngram
+            try:
+                results.append(make_drafts(encoder, vocab.token_bytes, mirror.matcher,
+                                           mirror.outputs, DraftAsk(room, lookup_tokens, assumed),
+                                           lookup))
+            except Exception:  # noqa: BLE001 - as in the loop: no drafts this time
+                results.append((None, [], 0))
+        return results
+
+    def step(path: str, capacity: int, opens, closes, fills) -> tuple | None:
+        open_and_close(opens, closes)
         bitmask = buffer(path, capacity)
         plain, chains = [], []
         for request_id, tokens, drafts, first in fills:
-            matcher = matchers[request_id]
-            for token in tokens:
-                if not matcher.accept_token(token):
-                    return "fault", f"the mirror of {request_id} rejected token {token}"
+            try:
+                matcher = sync(request_id, tokens).xgrammar
+            except RuntimeError as e:
+                return "fault", str(e)
             if drafts:
                 chains.append((matcher, drafts, first))
             else:
@@ -110,6 +164,15 @@ def serve(conn) -> None:
         elif kind == "drop":
             with lock:
                 grammars.pop(message[1], None)
+        elif kind == "ban":
+            bans[message[1]] = _Ban(frozenset(message[2]))
+        elif kind == "drafts":
+            seq, opens, closes, asks = message[1:]
+            try:
+                results = propose(opens, closes, asks)
+            except Exception:  # noqa: BLE001 - the engine proposes these itself
+                results = None
+            conn.send(("drafts", seq, results))
         elif kind == "step":
             seq, path, capacity, opens, closes, fills = message[1:]
             try:
@@ -123,6 +186,25 @@ def serve(conn) -> None:
             conn.send(("step", seq, error, news, bad))
         elif kind == "stop":
             return
+
+
+class _Ban:
+    """A matcher's ban as a mirror needs it: the ids its accept_token refuses."""
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: frozenset[int]):
+        self.ids = ids
+
+
+class _Mirror:
+    __slots__ = ("matcher", "ngram", "outputs", "prompt", "xgrammar")
+
+    def __init__(self, xgrammar, matcher, prompt: list[int]):
+        self.xgrammar = xgrammar  # xgrammar's matcher: the fills
+        self.matcher = matcher  # its XGrammarMatcher (token checks, drafts), where drafting
+        self.prompt = prompt
+        self.outputs: list[int] = []  # the committed tokens accepted
+        self.ngram = None  # prompt-lookup index, built on the first lookup
 
 
 def main() -> None:

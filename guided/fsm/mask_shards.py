@@ -29,8 +29,10 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.connection import Listener
 from dataclasses import dataclass, field
+from multiprocessing.connection import Listener
+
+from guided.fsm.shard_drafts import ShardDrafts
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,9 @@ class _Shard:
     loaded: OrderedDict = field(default_factory=OrderedDict)  # gids loaded, least recent first
     loading: set = field(default_factory=set)  # gids sent or still serializing
     unsent: list = field(default_factory=list)  # gids to send once serialized
-    opens: list = field(default_factory=list)  # (request_id, gid) for the next step message
-    closes: list = field(default_factory=list)  # request_ids for the next step message
+    opens: list = field(default_factory=list)  # (request_id, gid, ban, prompt) for the next message
+    closes: list = field(default_factory=list)  # request_ids for the next message
+    bans: set = field(default_factory=set)  # ban keys sent
     awaiting: int | None = None  # the step message whose reply is not taken yet
 
 
@@ -81,10 +84,13 @@ class PendingFill:
         return self._shards._collect(self._sent)
 
 
-class MaskShards:
-    def __init__(self, tokenizer_info, num_shards: int, *,
+class MaskShards(ShardDrafts):
+    def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
                  max_shipped_bytes: int = MAX_SHIPPED_BYTES):
+        """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
+        shards to walk jump-forward drafts too (ask_drafts); None: fills only."""
         self.num_shards = num_shards
+        self.drafting = drafting is not None
         self.max_shipped_bytes = max_shipped_bytes
         self._shards: list[_Shard] = []
         self._lock = threading.RLock()
@@ -102,11 +108,12 @@ class MaskShards:
         self._seq = 0
         self._closed = False
         # spawned off the step loop: a shard imports torch and xgrammar (seconds)
-        self._starter = threading.Thread(target=self._start, args=(tokenizer_info,),
+        self._bans: dict[int, frozenset] = {}  # id(ban ids) -> ban ids, as sent to shards
+        self._starter = threading.Thread(target=self._start, args=(tokenizer_info, drafting),
                                          name="mask-shards-start", daemon=True)
         self._starter.start()
 
-    def _start(self, tokenizer_info) -> None:
+    def _start(self, tokenizer_info, drafting: tuple | None) -> None:
         """Each shard is `python -m guided.fsm.mask_shard_worker`, connected back over a local
         socket (not multiprocessing's spawn, which re-imports the caller's __main__)."""
         try:
@@ -120,7 +127,7 @@ class MaskShards:
                         [sys.executable, "-m", "guided.fsm.mask_shard_worker", listener.address],
                         env=env, stdin=subprocess.DEVNULL)
                     conn = listener.accept()
-                    conn.send(info_json)
+                    conn.send((info_json, drafting))
                     with self._lock:
                         if self._closed:
                             process.kill()
@@ -185,9 +192,7 @@ class MaskShards:
                     local.append((request.matcher, drafts, first))
                     continue
                 if not mirror.opened:
-                    shard.opens.append((request.request_id, mirror.gid))
-                    shard.loaded.move_to_end(mirror.gid)
-                    mirror.opened = True
+                    self._open(shard, request, mirror)
                 out = request.output_token_ids
                 messages, mine = fills.setdefault(shard, ([], []))
                 messages.append((request.request_id, out[mirror.synced:], drafts, first))
@@ -218,18 +223,30 @@ class MaskShards:
             remote = [entry for _, _, mine in sent for entry in mine]
             return local, remote, PendingFill(self, sent) if sent else None
 
-    def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
-        failed: list[Entry] = []
-        error = None
-        for shard, seq, mine in sent:
+    def _recv(self, shard: _Shard, kind: str, seq: int) -> tuple | None:
+        """The reply to the message seq; a drafts reply nobody waited for (a step failed in
+        between) is passed over. None: the shard failed."""
+        while True:
             try:
                 reply = shard.conn.recv()
             except (EOFError, OSError):
                 reply = None
+            if reply is not None and reply[0] == "drafts" and reply[1] != seq:
+                continue
+            if reply is None or reply[0] != kind or reply[1] != seq:
+                with self._lock:
+                    self._fail(shard, "no reply" if reply is None else "replied out of turn")
+                return None
+            return reply
+
+    def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
+        failed: list[Entry] = []
+        error = None
+        for shard, seq, mine in sent:
+            reply = self._recv(shard, "step", seq)
             with self._lock:
                 shard.awaiting = None
-                if reply is None or reply[1] != seq:
-                    self._fail(shard, "no reply" if reply is None else "replied out of turn")
+                if reply is None:
                     failed.extend(mine)
                     continue
                 _, _, problem, loaded, bad = reply
@@ -252,6 +269,20 @@ class MaskShards:
         return failed, error
 
     # -- requests and grammars -----------------------------------------------------------------
+    def _open(self, shard: _Shard, request, mirror: _Mirror) -> None:
+        """The mirror goes with the shard's next message (with its ban, the first time)."""
+        ban = getattr(request.matcher, "ban", None)
+        key = None
+        if ban is not None:
+            key = id(ban.ids)
+            self._bans[key] = ban.ids  # kept: the key stays this ban's
+            if key not in shard.bans:
+                shard.conn.send(("ban", key, sorted(ban.ids)))
+                shard.bans.add(key)
+        shard.opens.append((request.request_id, mirror.gid, key, request.prompt_token_ids))
+        shard.loaded.move_to_end(mirror.gid)
+        mirror.opened = True
+
     def release(self, request_id: str) -> None:
         """The request finished: its mirror goes with the shard's next step message."""
         with self._lock:

@@ -6,8 +6,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from guided.detokenizer import held_back
 from guided.ngram import NgramIndex
-from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
+from guided.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -104,6 +105,20 @@ class Request:
             return True
         self.matcher.rollback(1)  # neither holds it: a lazy row's miss leaves them in step
         return False
+
+    def output(self) -> RequestOutput:
+        """What the request has made so far (text that may start a stop string held back)."""
+        text = self.text
+        if not self.is_finished and self.params.stop_list:
+            hold = held_back(text, self.params.stop_list)
+            text = text[:len(text) - hold] if hold else text
+        return RequestOutput(
+            request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
+            token_ids=list(self.output_token_ids), text=text, finished=self.is_finished,
+            finish_reason=self.finish_reason, stop_reason=self.stop_reason, error=self.error,
+            error_type=self.error_type,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            metrics=self.metrics)
 
     @property
     def in_flight(self) -> bool:

@@ -55,7 +55,8 @@ def request(compiler, tokenizer, spec, request_id: str, text: str) -> SimpleName
     tokens = tokenizer.encode(text, add_special_tokens=False)
     for token in tokens:
         assert matcher.accept_token(token)
-    return SimpleNamespace(request_id=request_id, matcher=matcher, output_token_ids=tokens)
+    return SimpleNamespace(request_id=request_id, matcher=matcher, output_token_ids=tokens,
+                           prompt_token_ids=[])
 
 
 def layout(requests, drafts_of) -> list[tuple]:

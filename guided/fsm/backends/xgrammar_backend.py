@@ -30,6 +30,16 @@ class TokenBan(NamedTuple):
     column_words: np.ndarray
 
 
+def token_ban(banned: frozenset[int], vocab_size: int) -> TokenBan:
+    keep = torch.ones(-(-vocab_size // 32) * 32, dtype=torch.bool)
+    keep[sorted(banned)] = False
+    weights = 1 << torch.arange(32, dtype=torch.int64)
+    words = (keep.view(-1, 32).long() * weights).sum(1)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
+    columns = (words != -1).nonzero().flatten().numpy()
+    return TokenBan(words, banned, columns, words.numpy()[columns])
+
+
 # xgrammar spells a counted repetition {n}, {m,n} or {m, n} in its grammar text
 _COUNTS = re.compile(r"\{(\d+)(?:,\s*(\d+))?\}")
 # beyond this count a row inside the repetition costs ~0.2-8 ms on the CPU, against ~0.1 ms for
@@ -69,16 +79,10 @@ class XGrammarBackend:
         characters."""
         if self._json_ban is None:
             allowed = b"\t\n\r" if self.config.any_whitespace else b""
-            banned = frozenset(
+            self._json_ban = token_ban(frozenset(
                 i for i, data in enumerate(self.vocab.token_bytes)
-                if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data))
-            keep = torch.ones(-(-self.vocab.vocab_size // 32) * 32, dtype=torch.bool)
-            keep[sorted(banned)] = False
-            weights = 1 << torch.arange(32, dtype=torch.int64)
-            words = (keep.view(-1, 32).long() * weights).sum(1)
-            words = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
-            columns = (words != -1).nonzero().flatten().numpy()
-            self._json_ban = TokenBan(words, banned, columns, words.numpy()[columns])
+                if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data)),
+                self.vocab.vocab_size)
         return self._json_ban
 
     def json_options(self) -> dict:

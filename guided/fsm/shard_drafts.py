@@ -1,0 +1,95 @@
+"""The jump-forward half of the mask shards' work (guided/fsm/mask_shards.py): a request
+mirrored in a shard has its next drafts walked there, on its mirror matcher, beside the step
+loop, which only plans them (guided/drafts.py) and waits for the replies before it schedules.
+In the loop the walks cost 1.5 ms a step of the default model's host time at 64 requests and
+2.9 ms at 256 on an H100's host (benchmarks/RESULTS.md, session 14). A shard that fails hands
+its asks back: the loop's own matchers hold the same committed tokens."""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class PendingDrafts:
+    """The shards' proposals a step still waits for."""
+
+    def __init__(self, shards: ShardDrafts, sent: list):
+        self._shards = shards
+        self._sent = sent  # (shard, seq, [(request, ask)] it walks)
+
+    def wait(self) -> tuple[list[tuple], list[tuple]]:
+        """Blocks for the replies: ([(request, (anchor, drafts, number forced))], the
+        [(request, ask)] whose shard failed, to propose in-process)."""
+        return self._shards._collect_drafts(self._sent)
+
+
+class ShardDrafts:
+    """MaskShards' drafting methods (its mirrors, shards, pipes and lock)."""
+
+    def ask_drafts(self, asks: list[tuple]) -> tuple[list[tuple], PendingDrafts | None]:
+        """asks: (request, DraftAsk) of live constrained requests. Sends those mirrored in a
+        ready shard to be walked there, beside the loop; returns (the asks to walk in-process,
+        the replies to wait for). Their tokens are synced as for a fill."""
+        try:
+            return self._ask_drafts(asks)
+        except Exception:  # noqa: BLE001 - a fault here must not fail the step
+            log.exception("mask shards failed; grammar masks stay in-process")
+            with self._lock:
+                for shard in self._shards:
+                    self._fail(shard, "asking for drafts failed")
+            return asks, None
+
+    def _ask_drafts(self, asks: list[tuple]) -> tuple[list[tuple], PendingDrafts | None]:
+        with self._lock:
+            local: list[tuple] = []
+            if not self.drafting:
+                return asks, None
+            live = set(self._live())
+            per_shard: dict = {}  # shard -> (messages, [(request, ask)])
+            for request, ask in asks:
+                mirror = self._mirrors.get(request.request_id)
+                shard = None if mirror is None else mirror.shard
+                if shard not in live or mirror.gid not in shard.loaded:
+                    local.append((request, ask))
+                    continue
+                if not mirror.opened:
+                    self._open(shard, request, mirror)
+                out = request.output_token_ids
+                messages, mine = per_shard.setdefault(shard, ([], []))
+                messages.append((request.request_id, out[mirror.synced:], ask.room,
+                                 ask.lookup_tokens, ask.assumed))
+                mine.append((request, ask))
+                mirror.synced = len(out)
+            sent = []
+            for shard, (messages, mine) in per_shard.items():
+                if shard.awaiting is not None:  # a step dropped its fill without waiting
+                    self._collect([(shard, shard.awaiting, [])])
+                if shard.dead:
+                    local.extend(mine)
+                    continue
+                self._seq += 1
+                try:
+                    shard.conn.send(("drafts", self._seq, shard.opens, shard.closes, messages))
+                except (OSError, ValueError):
+                    self._fail(shard, "its pipe closed")
+                    local.extend(mine)
+                    continue
+                shard.opens, shard.closes = [], []
+                sent.append((shard, self._seq, mine))
+            return local, PendingDrafts(self, sent) if sent else None
+
+    def _collect_drafts(self, sent: list) -> tuple[list[tuple], list[tuple]]:
+        done: list[tuple] = []
+        failed: list[tuple] = []
+        for shard, seq, mine in sent:
+            reply = self._recv(shard, "drafts", seq)
+            if reply is not None and reply[2] is None:
+                with self._lock:
+                    self._fail(shard, "its mirrors failed while drafting")
+                reply = None
+            if reply is None:
+                failed.extend(mine)
+                continue
+            done.extend((request, result) for (request, _), result in zip(mine, reply[2]))
+        return done, failed
