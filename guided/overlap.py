@@ -10,9 +10,10 @@ outlasts a forward pass. A request that finished at step t was already scheduled
 that row's token is dropped. What the requests make of their tokens is the engine's (update,
 propose).
 
-With mask shard processes (mask_processes) the loop only sends their rows off and fills the
-rest; the shards work beside t+2's drafts, scheduling and preparing, and t+1 is sampled once
-their replies are in.
+With mask shard processes (mask_processes) the loop first sends them t+2's draft asks (the
+requests they mirror walk their drafts there: guided/fsm/shard_drafts.py), then t+1's rows, and
+fills the rest; the shards work beside the loop's own drafts, scheduling and preparing, t+2 is
+scheduled once their drafts are in and t+1 sampled once their rows are.
 
 concurrent_masks moves the fill to the mask thread, beside the drafts (made on second
 matchers), scheduling and preparing of t+2; t+1 is sampled once both are done. xgrammar fills

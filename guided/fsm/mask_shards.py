@@ -9,7 +9,8 @@ tokens with each step's fills, and writes its rows into the step's mask buffer, 
 both processes (HostBitmasks(shared=True)). The loop sends one message per shard, goes on with
 its own work, and collects one reply per shard before the step samples.
 
-The engine keeps its own matchers (drafts, token checks, ends), so a row is filled in-process
+The shards also walk the jump-forward drafts of the requests they mirror (shard_drafts.py).
+The engine keeps its own matchers (token checks, ends, drafts), so a row is filled in-process
 whenever a mirror cannot: a shard still starting, a grammar still being serialized on the
 background thread or loaded in the shard (a cold grammar never waits for shipping), a grammar
 too large to ship, a shard that failed (its requests go on in-process; the engine never
@@ -222,22 +223,6 @@ class MaskShards(ShardDrafts):
                 sent.append((shard, self._seq, mine))
             remote = [entry for _, _, mine in sent for entry in mine]
             return local, remote, PendingFill(self, sent) if sent else None
-
-    def _recv(self, shard: _Shard, kind: str, seq: int) -> tuple | None:
-        """The reply to the message seq; a drafts reply nobody waited for (a step failed in
-        between) is passed over. None: the shard failed."""
-        while True:
-            try:
-                reply = shard.conn.recv()
-            except (EOFError, OSError):
-                reply = None
-            if reply is not None and reply[0] == "drafts" and reply[1] != seq:
-                continue
-            if reply is None or reply[0] != kind or reply[1] != seq:
-                with self._lock:
-                    self._fail(shard, "no reply" if reply is None else "replied out of turn")
-                return None
-            return reply
 
     def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
         failed: list[Entry] = []

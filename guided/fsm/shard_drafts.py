@@ -93,3 +93,19 @@ class ShardDrafts:
                 continue
             done.extend((request, result) for (request, _), result in zip(mine, reply[2]))
         return done, failed
+
+    def _recv(self, shard: _Shard, kind: str, seq: int) -> tuple | None:
+        """The reply to the message seq; a drafts reply nobody waited for (a step failed in
+        between) is passed over. None: the shard failed."""
+        while True:
+            try:
+                reply = shard.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+            if reply is not None and reply[0] == "drafts" and reply[1] != seq:
+                continue
+            if reply is None or reply[0] != kind or reply[1] != seq:
+                with self._lock:
+                    self._fail(shard, "no reply" if reply is None else "replied out of turn")
+                return None
+            return reply
