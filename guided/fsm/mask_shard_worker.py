@@ -11,7 +11,7 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("drafts", seq, opens, closes, asks)
       asks: [(request_id, committed tokens since the last sync, DraftAsk fields)]
       reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault)
-  ("step", seq, path, capacity, opens, closes, fills)
+  ("step", seq, opens, closes, path, capacity, fills)
       closes: [request_id]; opens: [(request_id, gid, ban key or None, prompt ids)], gids
       already loaded; fills: [(request_id, committed tokens since the last sync, drafts,
       first row)]
@@ -174,7 +174,7 @@ def serve(conn) -> None:
                 results = None
             conn.send(("drafts", seq, results))
         elif kind == "step":
-            seq, path, capacity, opens, closes, fills = message[1:]
+            seq, opens, closes, path, capacity, fills = message[1:]
             try:
                 error = step(path, capacity, opens, closes, fills)
             except Exception as e:  # noqa: BLE001 - reported; the engine fills locally

@@ -9,14 +9,11 @@ tokens with each step's fills, and writes its rows into the step's mask buffer, 
 both processes (HostBitmasks(shared=True)). The loop sends one message per shard, goes on with
 its own work, and collects one reply per shard before the step samples.
 
-The shards also walk the jump-forward drafts of the requests they mirror (shard_drafts.py).
-The engine keeps its own matchers (token checks, ends, drafts), so a row is filled in-process
-whenever a mirror cannot: a shard still starting, a grammar still being serialized on the
-background thread or loaded in the shard (a cold grammar never waits for shipping), a grammar
-too large to ship, a shard that failed (its requests go on in-process; the engine never
-depends on a shard being alive). Only xgrammar grammars are shipped
-(CompiledGrammar.serialize_json).
-"""
+The shards also walk their requests' jump-forward drafts (shard_drafts.py). The engine keeps
+its own matchers, so a row is filled (a draft walked) in-process whenever a mirror cannot: a
+shard starting, a grammar being serialized or loaded (a cold grammar never waits for shipping),
+one too large to ship, a shard that failed (the engine never depends on a shard being alive).
+Only xgrammar grammars are shipped (CompiledGrammar.serialize_json)."""
 from __future__ import annotations
 
 import logging
@@ -205,24 +202,30 @@ class MaskShards(ShardDrafts):
             path, capacity = segment
             sent = []
             for shard, (messages, mine) in fills.items():
-                if shard.awaiting is not None:  # a step dropped its fill without waiting
-                    self._collect([(shard, shard.awaiting, [])])
-                if shard.dead:
+                seq = self._send(shard, "step", path, capacity, messages)
+                if seq is None:
                     local.extend(mine)
                     continue
-                self._seq += 1
-                try:
-                    shard.conn.send(("step", self._seq, path, capacity, shard.opens,
-                                     shard.closes, messages))
-                except (OSError, ValueError):
-                    self._fail(shard, "its pipe closed")
-                    local.extend(mine)
-                    continue
-                shard.opens, shard.closes = [], []
-                shard.awaiting = self._seq
-                sent.append((shard, self._seq, mine))
+                shard.awaiting = seq
+                sent.append((shard, seq, mine))
             remote = [entry for _, _, mine in sent for entry in mine]
             return local, remote, PendingFill(self, sent) if sent else None
+
+    def _send(self, shard: _Shard, kind: str, *payload) -> int | None:
+        """Sends (kind, seq, opens, closes, *payload) to the shard: its seq, or None where the
+        shard is (now) dead."""
+        if shard.awaiting is not None:  # a step dropped its fill without waiting
+            self._collect([(shard, shard.awaiting, [])])
+        if shard.dead:
+            return None
+        self._seq += 1
+        try:
+            shard.conn.send((kind, self._seq, shard.opens, shard.closes, *payload))
+        except (OSError, ValueError):
+            self._fail(shard, "its pipe closed")
+            return None
+        shard.opens, shard.closes = [], []
+        return self._seq
 
     def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
         failed: list[Entry] = []

@@ -63,20 +63,11 @@ class ShardDrafts:
                 mirror.synced = len(out)
             sent = []
             for shard, (messages, mine) in per_shard.items():
-                if shard.awaiting is not None:  # a step dropped its fill without waiting
-                    self._collect([(shard, shard.awaiting, [])])
-                if shard.dead:
+                seq = self._send(shard, "drafts", messages)
+                if seq is None:
                     local.extend(mine)
                     continue
-                self._seq += 1
-                try:
-                    shard.conn.send(("drafts", self._seq, shard.opens, shard.closes, messages))
-                except (OSError, ValueError):
-                    self._fail(shard, "its pipe closed")
-                    local.extend(mine)
-                    continue
-                shard.opens, shard.closes = [], []
-                sent.append((shard, self._seq, mine))
+                sent.append((shard, seq, mine))
             return local, PendingDrafts(self, sent) if sent else None
 
     def _collect_drafts(self, sent: list) -> tuple[list[tuple], list[tuple]]:
