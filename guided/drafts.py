@@ -91,18 +91,11 @@ class DraftProposer:
         for request, ask in failed:  # its shard failed: the loop's matchers walk them
             self.propose_here(request, ask)
 
-    def propose(self, request: Request, *, num_running: int = 1) -> None:
-        """Set the request's draft_token_ids / draft_anchor / num_forced_drafts for its next
-        step, from its draft matcher's state (and, while a step of it is in flight, after
-        it). The mask thread may be walking the request's other matcher meanwhile.
-        num_running: the batch size, which decides whether lookup guesses are drafted."""
-        ask = self.plan(request, num_running=num_running)
-        if ask is not None:
-            self.propose_here(request, ask)
-
     def plan(self, request: Request, *, num_running: int = 1) -> DraftAsk | None:
-        """The policy's half of a proposal: clears the request's drafts and says what its next
-        proposal may look at (None: nothing to propose). Counts its cool-downs down."""
+        """The policy's half of a proposal for the request's next step (after the step in
+        flight, if any): clears its draft_token_ids / draft_anchor / num_forced_drafts and
+        says what the walk may look at (None: nothing to propose). Counts its cool-downs down.
+        num_running: the batch size, which decides whether lookup guesses are drafted."""
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
@@ -124,14 +117,15 @@ class DraftProposer:
         return DraftAsk(room, lookup_tokens, assumed)
 
     def propose_here(self, request: Request, ask: DraftAsk) -> None:
-        """The walk's half, on the request's draft matcher in this process."""
-        lookup = None
-        if ask.lookup_tokens:
-            if request.ngram is None:
-                request.ngram = NgramIndex(self.special_ids)
-            request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
-            lookup = request.ngram
+        """The walk's half, on the request's draft matcher in this process (the mask thread
+        may be walking the request's other matcher meanwhile)."""
         try:
+            lookup = None
+            if ask.lookup_tokens:
+                if request.ngram is None:
+                    request.ngram = NgramIndex(self.special_ids)
+                request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+                lookup = request.ngram
             result = make_drafts(self.encoder, self.token_bytes, request.draft_matcher,
                                  request.output_token_ids, ask, lookup)
         except Exception:

@@ -118,7 +118,8 @@ class Engine:
                 self.config, self._encoder, self.compiler.vocab.token_bytes,
                 max_model_len=self.max_model_len, max_draft_tokens=self.runner.max_draft_tokens,
                 special_ids=self._special_ids, overlap=self.overlap, payoff=self.anchor_payoff,
-                shards=self._shards)
+                # not beside concurrent_masks: its mask thread reads the shards' pipes too
+                shards=None if self.config.concurrent_masks else self._shards)
         return self._drafts
 
     def set_lazy_masks(self, on: bool) -> None:
@@ -299,7 +300,7 @@ class Engine:
         """Plans drafts for the requests the last update moved on (mask shards walk theirs
         beside the loop until _propose)."""
         to_propose, self._to_propose = self._to_propose, []
-        if to_propose:
+        if to_propose or self._drafts is not None:  # also forgets asks of a failed step
             self.drafts.ask(to_propose, num_running=len(self.scheduler.running),
                             times=self.step_times)
 

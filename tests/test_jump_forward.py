@@ -127,7 +127,8 @@ def test_lookup_drafts_stop_past_lookup_max_batch(llm_on):
         for t in out:
             assert request.matcher.accept_token(t)
         request.output_token_ids = out
-        proposer.propose(request, num_running=num_running)
+        ask = proposer.plan(request, num_running=num_running)
+        proposer.propose_here(request, ask)
         drafts[num_running] = request.draft_token_ids
     assert tok.decode(drafts[2]).startswith("ab")
     assert drafts[3] == []

@@ -20,8 +20,8 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("stop",)
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
-Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready",) once its
-imports and the tokenizer are in place. Run as `python -m guided.fsm.mask_shard_worker ADDRESS`
+Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready", whether it
+walks drafts) once its imports and the tokenizer are in place. Run as `python -m guided.fsm.mask_shard_worker ADDRESS`
 (GUIDED_SHARD_AUTHKEY in the environment): it connects back to the engine's listener.
 """
 from __future__ import annotations
@@ -54,10 +54,14 @@ def serve(conn) -> None:
     info = xgr.TokenizerInfo.deserialize_json(info_json)
     encoder = vocab = None
     if drafting is not None:
-        backend_json, token_bytes, eos_ids, special_ids = drafting
-        encoder = CachedEncoder.from_backend_json(backend_json)
-        vocab = TokenVocab(token_bytes, tuple(eos_ids), frozenset(special_ids),
-                           len(token_bytes))
+        try:
+            backend_json, token_bytes, eos_ids, special_ids = drafting
+            encoder = CachedEncoder.from_backend_json(backend_json)
+            vocab = TokenVocab(token_bytes, tuple(eos_ids), frozenset(special_ids),
+                               len(token_bytes))
+        except Exception:  # noqa: BLE001 - it fills rows; the engine walks the drafts
+            encoder = vocab = None
+    broken: list[str] = []  # a mirror went out of step while drafting: every fill is refused
     grammars: dict[int, object] = {}
     bans: dict[int, _Ban] = {}
     mirrors: dict[str, _Mirror] = {}
@@ -117,13 +121,13 @@ def serve(conn) -> None:
         results = []
         for request_id, tokens, room, lookup_tokens, assumed in asks:
             mirror = sync(request_id, tokens)
-            lookup = None
-            if lookup_tokens:
-                if mirror.ngram is None:
-                    mirror.ngram = NgramIndex(vocab.special_ids)
-                mirror.ngram.sync(mirror.prompt, mirror.outputs)
-                lookup = mirror.ngram
             try:
+                lookup = None
+                if lookup_tokens:
+                    if mirror.ngram is None:
+                        mirror.ngram = NgramIndex(vocab.special_ids)
+                    mirror.ngram.sync(mirror.prompt, mirror.outputs)
+                    lookup = mirror.ngram
                 results.append(make_drafts(encoder, vocab.token_bytes, mirror.matcher,
                                            mirror.outputs, DraftAsk(room, lookup_tokens, assumed),
                                            lookup))
@@ -152,7 +156,7 @@ def serve(conn) -> None:
         error = rejected_draft([(drafts, first) for _, drafts, first in chains], bitmask)
         return None if error is None else ("draft", error)
 
-    conn.send(("ready",))
+    conn.send(("ready", encoder is not None))
     while True:
         try:
             message = conn.recv()
@@ -170,13 +174,15 @@ def serve(conn) -> None:
             seq, opens, closes, asks = message[1:]
             try:
                 results = propose(opens, closes, asks)
-            except Exception:  # noqa: BLE001 - the engine proposes these itself
+            except Exception as e:  # noqa: BLE001 - the engine proposes these itself
                 results = None
+                broken.append(f"drafting failed: {type(e).__name__}: {e}")
             conn.send(("drafts", seq, results))
         elif kind == "step":
             seq, opens, closes, path, capacity, fills = message[1:]
             try:
-                error = step(path, capacity, opens, closes, fills)
+                error = ("fault", broken[0]) if broken else step(path, capacity, opens, closes,
+                                                                  fills)
             except Exception as e:  # noqa: BLE001 - reported; the engine fills locally
                 error = "fault", f"{type(e).__name__}: {e}"
             with lock:

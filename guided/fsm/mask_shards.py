@@ -49,6 +49,7 @@ class _Shard:
     process: subprocess.Popen
     conn: object
     ready: bool = False
+    drafting: bool = False  # it walks drafts (its tokenizer set up)
     dead: bool = False
     num_mirrors: int = 0
     users: Counter = field(default_factory=Counter)  # gid -> mirrors placed here
@@ -148,7 +149,9 @@ class MaskShards(ShardDrafts):
             if not shard.ready:
                 try:
                     if shard.conn.poll():
-                        shard.ready = shard.conn.recv() == ("ready",)
+                        reply = shard.conn.recv()
+                        shard.ready = reply[0] == "ready"
+                        shard.drafting = self.drafting and reply[1]
                 except (EOFError, OSError):
                     self._fail(shard, "exited while starting")
                     continue
@@ -189,8 +192,9 @@ class MaskShards(ShardDrafts):
                 if shard is None or shard.dead or mirror.gid not in shard.loaded:
                     local.append((request.matcher, drafts, first))
                     continue
-                if not mirror.opened:
-                    self._open(shard, request, mirror)
+                if not mirror.opened and not self._open(shard, request, mirror):
+                    local.append((request.matcher, drafts, first))
+                    continue
                 out = request.output_token_ids
                 messages, mine = fills.setdefault(shard, ([], []))
                 messages.append((request.request_id, out[mirror.synced:], drafts, first))
@@ -234,7 +238,7 @@ class MaskShards(ShardDrafts):
             reply = self._recv(shard, "step", seq)
             with self._lock:
                 shard.awaiting = None
-                if reply is None:
+                if reply is None or shard.dead:  # dead: it failed drafting, its rows unsure
                     failed.extend(mine)
                     continue
                 _, _, problem, loaded, bad = reply
@@ -257,20 +261,6 @@ class MaskShards(ShardDrafts):
         return failed, error
 
     # -- requests and grammars -----------------------------------------------------------------
-    def _open(self, shard: _Shard, request, mirror: _Mirror) -> None:
-        """The mirror goes with the shard's next message (with its ban, the first time)."""
-        ban = getattr(request.matcher, "ban", None)
-        key = None
-        if ban is not None:
-            key = id(ban.ids)
-            self._bans[key] = ban.ids  # kept: the key stays this ban's
-            if key not in shard.bans:
-                shard.conn.send(("ban", key, sorted(ban.ids)))
-                shard.bans.add(key)
-        shard.opens.append((request.request_id, mirror.gid, key, request.prompt_token_ids))
-        shard.loaded.move_to_end(mirror.gid)
-        mirror.opened = True
-
     def release(self, request_id: str) -> None:
         """The request finished: its mirror goes with the shard's next step message."""
         with self._lock:

@@ -7,6 +7,10 @@ its asks back: the loop's own matchers hold the same committed tokens."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from guided.fsm.mask_shards import _Shard
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +29,29 @@ class PendingDrafts:
 
 
 class ShardDrafts:
-    """MaskShards' drafting methods (its mirrors, shards, pipes and lock)."""
+    """MaskShards' drafting methods (its mirrors, shards, pipes and lock), and the opening of
+    a mirror, which carries what drafting needs."""
+
+    def _open(self, shard, request, mirror) -> bool:
+        """The mirror goes with the shard's next message (with its ban the first time, and
+        the prompt where the shard drafts); False if the shard's pipe closed."""
+        ban = getattr(request.matcher, "ban", None)
+        key = None
+        if ban is not None:
+            key = id(ban.ids)
+            self._bans[key] = ban.ids  # holds the ids, so that id() stays this ban's key
+            if key not in shard.bans:
+                try:
+                    shard.conn.send(("ban", key, sorted(ban.ids)))
+                except (OSError, ValueError):
+                    self._fail(shard, "its pipe closed")
+                    return False
+                shard.bans.add(key)
+        prompt = request.prompt_token_ids if shard.drafting else []
+        shard.opens.append((request.request_id, mirror.gid, key, prompt))
+        shard.loaded.move_to_end(mirror.gid)
+        mirror.opened = True
+        return True
 
     def ask_drafts(self, asks: list[tuple]) -> tuple[list[tuple], PendingDrafts | None]:
         """asks: (request, DraftAsk) of live constrained requests. Sends those mirrored in a
@@ -42,10 +68,10 @@ class ShardDrafts:
 
     def _ask_drafts(self, asks: list[tuple]) -> tuple[list[tuple], PendingDrafts | None]:
         with self._lock:
-            local: list[tuple] = []
             if not self.drafting:
                 return asks, None
-            live = set(self._live())
+            local: list[tuple] = []
+            live = {shard for shard in self._live() if shard.drafting}
             per_shard: dict = {}  # shard -> (messages, [(request, ask)])
             for request, ask in asks:
                 mirror = self._mirrors.get(request.request_id)
@@ -53,8 +79,9 @@ class ShardDrafts:
                 if shard not in live or mirror.gid not in shard.loaded:
                     local.append((request, ask))
                     continue
-                if not mirror.opened:
-                    self._open(shard, request, mirror)
+                if not mirror.opened and not self._open(shard, request, mirror):
+                    local.append((request, ask))
+                    continue
                 out = request.output_token_ids
                 messages, mine = per_shard.setdefault(shard, ([], []))
                 messages.append((request.request_id, out[mirror.synced:], ask.room,

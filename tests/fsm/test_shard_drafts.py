@@ -160,3 +160,48 @@ def test_a_dead_shard_hands_its_asks_back(compiler, tokenizer, shards):
     assert sorted(r.request_id for r, _ in local + failed) == ["j0", "j1", "j2", "j3"]
     local, pending = shards.ask_drafts(asks)  # from now on in-process
     assert len(local) == 4 and pending is None
+
+
+def test_a_drafts_reply_nobody_waits_for_is_passed_over(compiler, tokenizer, encoder, shards):
+    """A step that failed between its asks and their replies: the next fill and the next asks
+    still get their own replies."""
+    requests = [request(compiler, tokenizer, SCHEMA, f"j{i}", "", '{"name": "') for i in range(4)]
+    mirror(shards, requests)
+    asks = [(r, DraftAsk(8, 0, None)) for r in requests]
+    _, stale = shards.ask_drafts(asks)
+    assert stale is not None  # never waited for
+    host = HostBitmasks(WORDS, torch.device("cpu"), shared=True)
+    try:
+        bitmask = host.take(4)
+        local, _, pending = shards.dispatch([(r, [], i) for i, r in enumerate(requests)],
+                                            host.segment_of(bitmask))
+        assert not local and pending.wait() == ([], None)
+    finally:
+        host.release()
+    local, pending = shards.ask_drafts(asks)
+    done, failed = pending.wait()
+    assert not local and not failed
+    assert {r.request_id: result for r, result in done} == {
+        r.request_id: in_process(encoder, compiler, tokenizer, r, ask) for r, ask in asks}
+
+
+def test_a_fault_while_drafting_fails_the_shard_and_its_rows_come_back(compiler, tokenizer,
+                                                                      shards):
+    """A mirror that rejects a token while drafting is out of step: its shard's asks and the
+    rows of the step already sent to it are handed back, and the shard is no longer used."""
+    r = request(compiler, tokenizer, SCHEMA, "j0", "", '{"name": "x", "city": "y", ')
+    mirror(shards, [r])
+    shards._mirrors["j0"].synced = 0  # the mirror is sent its tokens again: '{' is no key
+    host = HostBitmasks(WORDS, torch.device("cpu"), shared=True)
+    try:
+        _, asked = shards.ask_drafts([(r, DraftAsk(8, 0, None))])
+        bitmask = host.take(1)
+        _, remote, pending = shards.dispatch([(r, [], 0)], host.segment_of(bitmask))
+        assert remote  # sent before the drafts' fault is known
+        done, failed = asked.wait()
+        assert not done and [x for x, _ in failed] == [r]
+        assert pending.wait()[0] == remote  # its rows are filled in-process
+    finally:
+        host.release()
+    local, asked = shards.ask_drafts([(r, DraftAsk(8, 0, None))])
+    assert len(local) == 1 and asked is None
