@@ -21,8 +21,9 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
 Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready", whether it
-walks drafts) once its imports and the tokenizer are in place. Run as `python -m guided.fsm.mask_shard_worker ADDRESS`
-(GUIDED_SHARD_AUTHKEY in the environment): it connects back to the engine's listener.
+walks drafts) once its imports and the tokenizer are in place. Run as
+`python -m guided.fsm.mask_shard_worker ADDRESS` (GUIDED_SHARD_AUTHKEY in the environment): it
+connects back to the engine's listener.
 """
 from __future__ import annotations
 
