@@ -12,7 +12,6 @@ from guided.config import EngineConfig
 from guided.detokenizer import detokenize_step, fast_decode, find_stop
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm import lazy_masks
 from guided.fsm.bitmask_fill import NUM_CPUS, Bans
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked, note_json_token
@@ -288,7 +287,7 @@ class Engine:
                 continue
             if missed:  # the step in flight ran on that sample: voided
                 self.step_times.count("lazy_misses")
-                lazy_masks.note_lazy_miss(request)
+                request.mask_wide = False
             self.scheduler.settle_in_flight(
                 request, kept_all_drafts=num_matched == len(drafts) and not missed)
             if keep_cache:  # a missed position's input runs again, for its logits
@@ -298,7 +297,8 @@ class Engine:
                 self._to_propose.append(request)
 
     def _ask_drafts(self) -> None:
-        """Plans the drafts of the requests the last update moved on (for _propose)."""
+        """Plans drafts for the requests the last update moved on (mask shards walk theirs
+        beside the loop until _propose)."""
         to_propose, self._to_propose = self._to_propose, []
         if to_propose or self._drafts is not None:  # also forgets asks of a failed step
             self.drafts.ask(to_propose, num_running=len(self.scheduler.running),

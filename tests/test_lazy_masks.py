@@ -23,7 +23,6 @@ from guided.fsm.lazy_masks import (
     json_string_state,
     mark_wide,
     note_json_token,
-    note_lazy_miss,
 )
 from guided.scheduler.request import Request
 from guided.step_times import StepTimes
@@ -131,21 +130,6 @@ def test_mark_wide_measures_each_requests_last_row():
     mark_wide(bitmask, [(requests[2], 2)], 0.7)
     assert requests[2].mask_wide is False
     assert np.all(bitmask.numpy()[0] == -1)  # read, not changed
-
-
-def test_a_miss_keeps_the_request_masked_for_a_growing_cool_down():
-    bitmask = torch.full((1, 8), -1, dtype=torch.int32)  # a wide row
-    request = Request("r", [1], SamplingParams(), 0, (), 8)
-    request.mask_wide = True
-    widths = []
-    for _ in range(2):  # two misses: 1, then 2 wide rows filled masked before going lazy again
-        note_lazy_miss(request)
-        assert request.mask_wide is False
-        for _ in range(3):
-            mark_wide(bitmask, [(request, 0)], 0.5)
-            widths.append(request.mask_wide)
-    assert widths == [False, True, True, False, False, True]
-    assert request.lazy_misses == 2
 
 
 def test_json_string_state_follows_quotes_and_escapes():

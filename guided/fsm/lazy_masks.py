@@ -75,18 +75,7 @@ def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
         allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
     wide = allowed >= min_allowed * words.shape[1] * 32
     for (request, _), is_wide in zip(last_rows, wide.tolist()):
-        if request.lazy_skip:  # cooling down after a miss: masked a while longer
-            request.lazy_skip -= 1
-            is_wide = False
         request.mask_wide = is_wide
-
-
-def note_lazy_miss(request: Request) -> None:
-    """Its unmasked sample fell outside the grammar: masked again, for a cool-down that grows
-    with its misses (policy.lazy_cooldown)."""
-    request.mask_wide = False
-    request.lazy_misses += 1
-    request.lazy_skip = policy.lazy_cooldown(request.lazy_misses)
 
 
 def json_string_state(state: int, text: bytes) -> int:

@@ -82,17 +82,6 @@ def num_decode_steps(max_steps: int, *, all_plain_decode: bool, tokens_left: Seq
     return max(1, min(max_steps, min(tokens_left)))
 
 
-def lazy_cooldown(num_misses: int, *, max_cooldown: int = 64) -> int:
-    """Lazy masks: filled rows a request stays masked after its num_misses-th unmasked sample
-    outside the grammar (1, 2, 4, ... up to max_cooldown, never reset). A miss costs the request
-    a step or two, and in a batch that runs as one wave the request with the most misses sets
-    the number of steps: a model that leaves the grammar often (a random one) soon stops trying,
-    one that seldom does (0.5 misses a request on the default model) hardly notices."""
-    if num_misses <= 0:
-        return 0
-    return min(max_cooldown, 1 << min(num_misses - 1, 16))
-
-
 def lookup_cooldown(consecutive_misses: int, *, max_cooldown: int = 32) -> int:
     """Proposals to skip prompt-lookup after its drafts missed this many times in a row
     (1, 2, 4, ... up to max_cooldown): a request whose output does not repeat stops paying for

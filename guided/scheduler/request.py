@@ -62,8 +62,6 @@ class Request:
     # lazy masks: its last filled mask row allowed most tokens, so its next rows are sampled
     # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
     mask_wide: bool = False
-    lazy_misses: int = 0  # its unmasked samples that fell outside the grammar
-    lazy_skip: int = 0  # filled rows to go before it samples unmasked again (cool-down)
     json_string: int | None = None  # JSON requests: where its text stands (fsm/lazy_masks.py)
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

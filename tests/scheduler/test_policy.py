@@ -52,12 +52,6 @@ def test_expected_remaining_is_capped():
     assert policy.expected_remaining(5, 9, cap=1000) == 0
 
 
-def test_lazy_cooldown_doubles_and_is_capped():
-    assert policy.lazy_cooldown(0) == 0
-    assert [policy.lazy_cooldown(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
-    assert policy.lazy_cooldown(40) == 64
-
-
 def test_lookup_cooldown_doubles_and_is_capped():
     assert policy.lookup_cooldown(0) == 0
     assert [policy.lookup_cooldown(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
