@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,6 +141,15 @@ class MaskShards(ShardDrafts):
     @property
     def num_ready(self) -> int:
         return sum(1 for shard in self._live())
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether every shard started within timeout seconds (they start in the background)."""
+        deadline = time.monotonic() + timeout
+        while self.num_ready < self.num_shards:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _live(self) -> list[_Shard]:
         live = []

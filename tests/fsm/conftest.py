@@ -55,3 +55,14 @@ def vocab(tokenizer):
     from guided.fsm.vocab import TokenVocab
 
     return TokenVocab.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer):
+    """A grammar compiler for the default model's 49152 logits (a module may define its own)."""
+    from guided.config import EngineConfig
+    from guided.fsm.compiler import GrammarCompiler
+
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig())
+    yield c
+    c.shutdown()

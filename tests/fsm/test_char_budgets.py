@@ -11,10 +11,8 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from guided.config import EngineConfig
 from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 from guided.fsm.char_budgets import budget_long_repetitions
-from guided.fsm.compiler import GrammarCompiler
 from guided.params import ConstraintSpec
 
 VOCAB = 49152
@@ -60,13 +58,6 @@ def test_budgeted_text_compiles_as_ebnf():
     text = f'root ::= (("\\"" c{{3, 300}} "\\""))\n{CLASS}\n'
     grammar = xgr.Grammar.from_ebnf(budget_long_repetitions(text))
     assert "[max_chars=297]" in str(grammar)
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=VOCAB, config=EngineConfig())
-    yield c
-    c.shutdown()
 
 
 def allowed_tokens(bitmask: torch.Tensor) -> list[int]:

@@ -9,9 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from guided.config import EngineConfig
 from guided.fsm.bitmask_fill import fill_draft_rows
-from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.mask_shards import MaskShards
 from guided.params import ConstraintSpec
 from guided.worker.host_bitmasks import HostBitmasks
@@ -25,20 +23,10 @@ SCHEMA = ConstraintSpec.json_schema({"type": "object", "properties": {
 REGEX = ConstraintSpec("regex", r"[a-z]{1,8}-[0-9]{2,6}")
 
 
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=VOCAB, config=EngineConfig())
-    yield c
-    c.shutdown()
-
-
 @pytest.fixture()
 def shards(compiler):
     s = MaskShards(compiler.xgrammar_tokenizer_info, 2)
-    deadline = time.monotonic() + 120
-    while s.num_ready < 2:
-        assert time.monotonic() < deadline, "the shards did not start"
-        time.sleep(0.05)
+    assert s.wait_ready(120), "the shards did not start"
     yield s
     s.shutdown()
 

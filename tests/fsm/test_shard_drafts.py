@@ -10,10 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from guided.config import EngineConfig
 from guided.fsm.backends.xgrammar_backend import token_ban
 from guided.fsm.bitmask_fill import fill_draft_rows
-from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
 from guided.fsm.mask_shards import MaskShards
 from guided.ngram import NgramIndex
@@ -31,13 +29,6 @@ REGEX = ConstraintSpec("regex", r"[a-z]{1,12}-[0-9]{2,6}(-[a-z]+)?")
 
 
 @pytest.fixture(scope="module")
-def compiler(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=VOCAB, config=EngineConfig())
-    yield c
-    c.shutdown()
-
-
-@pytest.fixture(scope="module")
 def encoder(tokenizer):
     e = CachedEncoder(tokenizer)
     assert e.backend_json is not None  # the default tokenizer takes the Rust path
@@ -49,10 +40,7 @@ def shards(compiler, encoder, tokenizer):
     special = frozenset(tokenizer.all_special_ids)
     s = MaskShards(compiler.xgrammar_tokenizer_info, 2, drafting=(
         encoder.backend_json, compiler.vocab.token_bytes, compiler.vocab.eos_token_ids, special))
-    deadline = time.monotonic() + 120
-    while s.num_ready < 2:
-        assert time.monotonic() < deadline, "the shards did not start"
-        time.sleep(0.05)
+    assert s.wait_ready(120), "the shards did not start"
     yield s
     s.shutdown()
 
