@@ -7,7 +7,8 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("load", gid, path)           load a compiled grammar serialized to a file (on a loader thread:
                                 it may take tens of ms, and fills go on meanwhile); no reply
   ("drop", gid)                 forget a grammar no mirror uses; no reply
-  ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban); no reply
+  ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban), for
+                                drafting shards; no reply
   ("drafts", seq, opens, closes, asks)
       asks: [(request_id, committed tokens since the last sync, DraftAsk fields)]
       reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault)
@@ -41,7 +42,7 @@ def serve(conn) -> None:
     import torch
     import xgrammar as xgr
 
-    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+    from guided.fsm.backends.xgrammar_backend import TokenBan, XGrammarMatcher, token_ban
     from guided.fsm.bitmask_fill import rejected_draft, traverse_chain
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
@@ -64,7 +65,7 @@ def serve(conn) -> None:
             encoder = vocab = None
     broken: list[str] = []  # a mirror went out of step while drafting: every fill is refused
     grammars: dict[int, object] = {}
-    bans: dict[int, _Ban] = {}
+    bans: dict[int, TokenBan] = {}
     mirrors: dict[str, _Mirror] = {}
     mapped: OrderedDict[str, torch.Tensor] = OrderedDict()
     loader = ThreadPoolExecutor(1, thread_name_prefix="grammar-load")
@@ -170,7 +171,7 @@ def serve(conn) -> None:
             with lock:
                 grammars.pop(message[1], None)
         elif kind == "ban":
-            bans[message[1]] = _Ban(frozenset(message[2]))
+            bans[message[1]] = token_ban(frozenset(message[2]), vocab.vocab_size)
         elif kind == "drafts":
             seq, opens, closes, asks = message[1:]
             try:
@@ -193,14 +194,6 @@ def serve(conn) -> None:
             conn.send(("step", seq, error, news, bad))
         elif kind == "stop":
             return
-
-
-class _Ban:
-    """A matcher's ban as a mirror needs it: the ids its accept_token refuses."""
-    __slots__ = ("ids",)
-
-    def __init__(self, ids: frozenset[int]):
-        self.ids = ids
 
 
 class _Mirror:

@@ -33,9 +33,10 @@ class ShardDrafts:
     a mirror, which carries what drafting needs."""
 
     def _open(self, shard, request, mirror) -> bool:
-        """The mirror goes with the shard's next message (with its ban the first time, and
-        the prompt where the shard drafts); False if the shard's pipe closed."""
-        ban = getattr(request.matcher, "ban", None)
+        """The mirror goes with the shard's next message; where the shard drafts, with its
+        prompt and ban (sent the first time: fills leave bans to the engine). False if the
+        shard's pipe closed."""
+        ban = getattr(request.matcher, "ban", None) if shard.drafting else None
         key = None
         if ban is not None:
             key = id(ban.ids)
