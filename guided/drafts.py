@@ -81,6 +81,8 @@ class DraftProposer:
         with times.phase("jump_forward"):
             for request, ask in asks:
                 self.propose_here(request, ask)
+        if asks:
+            times.count("drafts_local", len(asks))
         if asked is None:
             return
         with times.phase("drafts_wait"):

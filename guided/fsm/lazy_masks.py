@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from guided.fsm.bitmask_fill import allowed_counts
 from guided.scheduler import policy
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest
@@ -64,18 +64,27 @@ def _unmasked(request: Request, num_forced_drafts: int) -> bool:
 
 
 def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
-              min_allowed: float) -> None:
+              min_allowed: float, counted: dict[int, int] | None = None) -> None:
     """A request whose last filled row allows at least min_allowed of the vocabulary samples
-    its next rows unmasked. One vectorized count over the rows (the token bans, applied
-    later, clear a handful of bits: not counted)."""
-    words = bitmask.numpy()[[row for _, row in last_rows]].view(np.uint32)
-    if hasattr(np, "bitwise_count"):  # numpy >= 2
-        allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
-    else:
-        allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
-    wide = allowed >= min_allowed * words.shape[1] * 32
-    for (request, _), is_wide in zip(last_rows, wide.tolist()):
-        request.mask_wide = is_wide
+    its next rows unmasked. counted: rows whose allowed tokens were counted already (by the
+    mask shards that filled them); the rest are counted here, in one vectorized count. Bans
+    clear a handful of bits: counted before they are applied."""
+    threshold = min_allowed * bitmask.shape[1] * 32
+    if counted:
+        last_rows = [(request, row) for request, row in last_rows
+                     if _mark(request, counted.get(row), threshold)]
+    if last_rows:
+        allowed = allowed_counts(bitmask, [row for _, row in last_rows])
+        for (request, _), count in zip(last_rows, allowed.tolist()):
+            request.mask_wide = count >= threshold
+
+
+def _mark(request: Request, count: int | None, threshold: float) -> bool:
+    """Marks the request from its counted row; True where its row was not counted."""
+    if count is None:
+        return True
+    request.mask_wide = count >= threshold
+    return False
 
 
 def json_string_state(state: int, text: bytes) -> int:

@@ -7,8 +7,8 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("load", gid, path)           load a compiled grammar serialized to a file (on a loader thread:
                                 it may take tens of ms, and fills go on meanwhile); no reply
   ("drop", gid)                 forget a grammar no mirror uses; no reply
-  ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban), for
-                                drafting shards; no reply
+  ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban): ANDed
+                                into the rows it fills, and drafts never hold them; no reply
   ("drafts", seq, opens, closes, asks)
       asks: [(request_id, committed tokens since the last sync, DraftAsk fields)]
       reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault)
@@ -17,7 +17,8 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
       already loaded; fills: [(request_id, committed tokens since the last sync, drafts,
       first row)]
       reply: ("step", seq, (kind, error) or None, gids loaded since, gids that failed to
-      load); kind "draft": a draft the grammar rejects, "fault": the mirror is off
+      load, the tokens each fill's last row allows, counted before its ban); kind "draft": a
+      draft the grammar rejects, "fault": the mirror is off
   ("stop",)
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
@@ -43,7 +44,7 @@ def serve(conn) -> None:
     import xgrammar as xgr
 
     from guided.fsm.backends.xgrammar_backend import TokenBan, XGrammarMatcher, token_ban
-    from guided.fsm.bitmask_fill import rejected_draft, traverse_chain
+    from guided.fsm.bitmask_fill import allowed_counts, apply_bans, rejected_draft, traverse_chain
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
     from guided.ngram import NgramIndex
@@ -103,11 +104,12 @@ def serve(conn) -> None:
         with lock:
             for request_id, gid, ban, prompt in opens:
                 grammar = grammars[gid]
-                matcher = (XGrammarMatcher(grammar, vocab, ban=bans.get(ban))
+                ban = bans.get(ban)
+                matcher = (XGrammarMatcher(grammar, vocab, ban=ban)
                            if vocab is not None else None)
                 mirrors[request_id] = _Mirror(
                     xgr.GrammarMatcher(grammar) if matcher is None else matcher.xgrammar_matcher,
-                    matcher, prompt)
+                    matcher, prompt, ban)
 
     def sync(request_id: str, tokens: list[int]) -> _Mirror:
         mirror = mirrors[request_id]
@@ -137,26 +139,32 @@ def serve(conn) -> None:
                 results.append((None, [], 0))
         return results
 
-    def step(path: str, capacity: int, opens, closes, fills) -> tuple | None:
+    def step(path: str, capacity: int, opens, closes, fills) -> tuple[tuple | None, list]:
+        """(the problem or None, the tokens each fill's last row allows)"""
         open_and_close(opens, closes)
         bitmask = buffer(path, capacity)
-        plain, chains = [], []
+        plain, chains, banned = [], [], {}
         for request_id, tokens, drafts, first in fills:
             try:
-                matcher = sync(request_id, tokens).xgrammar
+                mirror = sync(request_id, tokens)
             except RuntimeError as e:
-                return "fault", str(e)
+                return ("fault", str(e)), []
             if drafts:
-                chains.append((matcher, drafts, first))
+                chains.append((mirror.xgrammar, drafts, first))
             else:
-                plain.append((matcher, first))
+                plain.append((mirror.xgrammar, first))
+            if mirror.ban is not None:
+                banned.setdefault(id(mirror.ban), (mirror.ban, []))[1].extend(
+                    range(first, first + len(drafts) + 1))
         if plain:
             batch.batch_fill_next_token_bitmask([m for m, _ in plain], bitmask,
                                                 indices=[row for _, row in plain])
         for matcher, drafts, first in chains:
             traverse_chain(matcher, drafts, bitmask[first:first + len(drafts) + 1])
         error = rejected_draft([(drafts, first) for _, drafts, first in chains], bitmask)
-        return None if error is None else ("draft", error)
+        widths = allowed_counts(bitmask, [first + len(drafts) for _, _, drafts, first in fills])
+        apply_bans(bitmask, banned)
+        return (None if error is None else ("draft", error)), widths.tolist()
 
     conn.send(("ready", encoder is not None))
     while True:
@@ -171,7 +179,7 @@ def serve(conn) -> None:
             with lock:
                 grammars.pop(message[1], None)
         elif kind == "ban":
-            bans[message[1]] = token_ban(frozenset(message[2]), vocab.vocab_size)
+            bans[message[1]] = token_ban(frozenset(message[2]), info.vocab_size)
         elif kind == "drafts":
             seq, opens, closes, asks = message[1:]
             try:
@@ -183,25 +191,26 @@ def serve(conn) -> None:
         elif kind == "step":
             seq, opens, closes, path, capacity, fills = message[1:]
             try:
-                error = ("fault", broken[0]) if broken else step(path, capacity, opens, closes,
-                                                                  fills)
+                error, widths = (("fault", broken[0]), []) if broken else step(
+                    path, capacity, opens, closes, fills)
             except Exception as e:  # noqa: BLE001 - reported; the engine fills locally
-                error = "fault", f"{type(e).__name__}: {e}"
+                error, widths = ("fault", f"{type(e).__name__}: {e}"), []
             with lock:
                 news, bad = loaded[:], failed[:]
                 loaded.clear()
                 failed.clear()
-            conn.send(("step", seq, error, news, bad))
+            conn.send(("step", seq, error, news, bad, widths))
         elif kind == "stop":
             return
 
 
 class _Mirror:
-    __slots__ = ("matcher", "ngram", "outputs", "prompt", "xgrammar")
+    __slots__ = ("ban", "matcher", "ngram", "outputs", "prompt", "xgrammar")
 
-    def __init__(self, xgrammar, matcher, prompt: list[int]):
+    def __init__(self, xgrammar, matcher, prompt: list[int], ban=None):
         self.xgrammar = xgrammar  # xgrammar's matcher: the fills
         self.matcher = matcher  # its XGrammarMatcher (token checks, drafts), where drafting
+        self.ban = ban  # the TokenBan ANDed into its rows, or None
         self.prompt = prompt
         self.outputs: list[int] = []  # the committed tokens accepted
         self.ngram = None  # prompt-lookup index, built on the first lookup

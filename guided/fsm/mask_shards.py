@@ -78,9 +78,10 @@ class PendingFill:
         self._shards = shards
         self._sent = sent  # (shard, seq, entries it fills)
 
-    def wait(self) -> tuple[list[Entry], str | None]:
+    def wait(self) -> tuple[list[Entry], str | None, dict[int, int]]:
         """Blocks for the replies: (entries whose shard failed, to fill in-process; the first
-        rejected-draft error, else None)."""
+        rejected-draft error, else None; the tokens each filled entry's last row allows, by
+        row)."""
         return self._shards._collect(self._sent)
 
 
@@ -241,9 +242,10 @@ class MaskShards(ShardDrafts):
         shard.opens, shard.closes = [], []
         return self._seq
 
-    def _collect(self, sent: list) -> tuple[list[Entry], str | None]:
+    def _collect(self, sent: list) -> tuple[list[Entry], str | None, dict[int, int]]:
         failed: list[Entry] = []
         error = None
+        widths: dict[int, int] = {}
         for shard, seq, mine in sent:
             reply = self._recv(shard, "step", seq)
             with self._lock:
@@ -251,7 +253,7 @@ class MaskShards(ShardDrafts):
                 if reply is None or shard.dead:  # dead: it failed drafting, its rows unsure
                     failed.extend(mine)
                     continue
-                _, _, problem, loaded, bad = reply
+                _, _, problem, loaded, bad, counts = reply
                 for gid in loaded:
                     shard.loading.discard(gid)
                     shard.loaded[gid] = None
@@ -261,6 +263,8 @@ class MaskShards(ShardDrafts):
                     self._unshippable.add(gid)
                     self._shipped(gid)
                 if problem is None:
+                    widths.update((first + len(drafts), count)
+                                  for (_, drafts, first), count in zip(mine, counts))
                     continue
                 kind, message = problem
                 if kind == "draft":  # the grammar's verdict, as an in-process fill gives it
@@ -268,7 +272,7 @@ class MaskShards(ShardDrafts):
                 else:  # the mirror cannot be trusted: its rows are filled here
                     self._fail(shard, message)
                     failed.extend(mine)
-        return failed, error
+        return failed, error, widths
 
     # -- requests and grammars -----------------------------------------------------------------
     def release(self, request_id: str) -> None:

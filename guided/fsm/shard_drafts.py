@@ -33,10 +33,10 @@ class ShardDrafts:
     a mirror, which carries what drafting needs."""
 
     def _open(self, shard, request, mirror) -> bool:
-        """The mirror goes with the shard's next message; where the shard drafts, with its
-        prompt and ban (sent the first time: fills leave bans to the engine). False if the
-        shard's pipe closed."""
-        ban = getattr(request.matcher, "ban", None) if shard.drafting else None
+        """The mirror goes with the shard's next message, with its ban (sent the first time:
+        the shard ANDs it into the rows it fills) and, where the shard drafts, its prompt.
+        False if the shard's pipe closed."""
+        ban = getattr(request.matcher, "ban", None)
         key = None
         if ban is not None:
             key = id(ban.ids)
@@ -76,6 +76,9 @@ class ShardDrafts:
             per_shard: dict = {}  # shard -> (messages, [(request, ask)])
             for request, ask in asks:
                 mirror = self._mirrors.get(request.request_id)
+                if mirror is None and live:  # its first proposal: placed now, not at its fill
+                    mirror = self._mirrors[request.request_id] = self._place(
+                        request.matcher, self._live())
                 shard = None if mirror is None else mirror.shard
                 if shard not in live or mirror.gid not in shard.loaded:
                     local.append((request, ask))

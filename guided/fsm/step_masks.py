@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans, note_ban
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
 from guided.fsm.lazy_masks import mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
@@ -41,9 +41,10 @@ class MaskFill:
         pending, self.pending = self.pending, None
         side, self.side = self.side, None
         error = None
+        counted: dict[int, int] = {}
         try:
             if pending is not None:
-                failed, error = pending.wait()
+                failed, error, counted = pending.wait()
                 if failed:  # a shard failed: the engine's own matchers fill its rows
                     fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
                                     bans=self.bans)
@@ -52,14 +53,14 @@ class MaskFill:
                 merge_bans(self.bans, finish_side_fills(side))
         if error is not None:
             raise RuntimeError(error)
-        self.measure_widths()
+        self.measure_widths(counted)
         return self.bans
 
-    def measure_widths(self) -> None:
-        """Once every row is filled (lazy masks)."""
+    def measure_widths(self, counted: dict[int, int] | None = None) -> None:
+        """Once every row is filled (lazy masks); counted: rows the shards counted."""
         last_rows, self.last_rows = self.last_rows, None
         if last_rows:
-            mark_wide(self.bitmask, last_rows, self.min_allowed)
+            mark_wide(self.bitmask, last_rows, self.min_allowed, counted)
 
 
 def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threads: int,
@@ -125,10 +126,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
                                 bitmask, num_threads=num_threads)
         times.count("mask_rows_side", sum(len(d) + 1 for _, d, _ in heavy))
     pending = None
-    if shards is not None and entries:
+    if shards is not None and entries:  # a shard ANDs its rows' bans itself
         local, remote, pending = shards.dispatch(entries, segment)
-        for matcher, drafts, first in remote:
-            note_ban(bans, matcher, range(first, first + len(drafts) + 1))
         if remote:
             times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
     else:

@@ -1,6 +1,7 @@
 """Mask shards: rows filled by shard processes from mirror matchers equal the rows the engine
-fills in-process, a rejected draft is reported as in-process, and a shard that dies costs
-nothing but its speed (its rows are filled in-process)."""
+fills in-process (token bans included), a rejected draft is reported as in-process, each last
+row's allowed tokens come back counted, and a shard that dies costs nothing but its speed (its
+rows are filled in-process)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from guided.fsm.bitmask_fill import fill_draft_rows
+from guided.fsm.backends.xgrammar_backend import token_ban
+from guided.fsm.bitmask_fill import allowed_counts, fill_draft_rows
 from guided.fsm.mask_shards import MaskShards
 from guided.params import ConstraintSpec
 from guided.worker.host_bitmasks import HostBitmasks
@@ -63,10 +65,10 @@ def fill_until_remote(shards, entries, bitmask, segment):
         local, remote, pending = shards.dispatch(entries, segment)
         if local:
             fill_draft_rows(local, bitmask, num_threads=1)
-        failed, error = pending.wait() if pending else ([], None)
+        failed, error, counted = pending.wait() if pending else ([], None, {})
         assert not failed and error is None
         if not local:
-            return remote
+            return remote, counted
         assert time.monotonic() < deadline, "grammars never reached the shards"
         time.sleep(0.02)
 
@@ -81,11 +83,13 @@ def test_shard_rows_equal_in_process_rows_as_tokens_are_committed(compiler, toke
     entries = layout(requests, lambda r: drafts[r.request_id])
     rows = sum(len(d) + 1 for d in drafts.values())
     bitmask = buffer.take(rows)
-    remote = fill_until_remote(shards, entries, bitmask, buffer.segment_of(bitmask))
+    remote, counted = fill_until_remote(shards, entries, bitmask, buffer.segment_of(bitmask))
     assert len(remote) == 3
     expected = torch.empty(rows, WORDS, dtype=torch.int32)
     fill_draft_rows([(r.matcher, d, first) for r, d, first in entries], expected, num_threads=1)
     assert torch.equal(bitmask, expected)
+    last_rows = [first + len(d) for _, d, first in entries]
+    assert counted == dict(zip(last_rows, allowed_counts(expected, last_rows).tolist()))
     assert bitmask.ne(0).any(1).all()  # every row allows something: not left blank
     # tokens committed since: the mirrors catch up with the next fill
     for r, text in zip(requests, ['ab', '"a"', "de-4"]):
@@ -96,7 +100,7 @@ def test_shard_rows_equal_in_process_rows_as_tokens_are_committed(compiler, toke
     bitmask = buffer.take(3)
     bitmask.zero_()
     local, remote, pending = shards.dispatch(entries, buffer.segment_of(bitmask))
-    assert not local and pending.wait() == ([], None)
+    assert not local and pending.wait()[:2] == ([], None)
     expected = torch.empty(3, WORDS, dtype=torch.int32)
     fill_draft_rows([(r.matcher, [], i) for i, r in enumerate(requests)], expected,
                     num_threads=1)
@@ -110,7 +114,7 @@ def test_a_rejected_draft_is_reported_as_in_process(compiler, tokenizer, shards,
     bad = tokenizer.encode("!", add_special_tokens=False)
     local, remote, pending = shards.dispatch([(r, bad, 0)], buffer.segment_of(bitmask))
     assert remote and not local
-    failed, error = pending.wait()
+    failed, error, _ = pending.wait()
     assert not failed and f"draft token {bad[0]} rejected" in error
     with pytest.raises(RuntimeError, match=f"draft token {bad[0]} rejected"):
         fill_draft_rows([(r.matcher, bad, 0)], torch.empty(2, WORDS, dtype=torch.int32),
@@ -148,3 +152,23 @@ def test_released_requests_leave_their_shard(compiler, tokenizer, shards, buffer
         shards.release(r.request_id)
     assert sum(s.num_mirrors for s in shards._shards) == 0
     assert sorted(i for s in shards._shards for i in s.closes) == ["j0", "j1", "j2", "j3"]
+
+
+def test_a_shard_ands_its_rows_ban_and_counts_them_before_it(compiler, tokenizer, shards,
+                                                            buffer):
+    banned = request(compiler, tokenizer, REGEX, "r0", "abc")
+    plain = request(compiler, tokenizer, REGEX, "r1", "abc")  # the same rows, no ban
+    drafts = tokenizer.encode("de", add_special_tokens=False)
+    lowercase = [i for i in range(VOCAB) if tokenizer.decode([i]) in ("f", "g", "x", "-")]
+    banned.matcher.ban = token_ban(frozenset(lowercase), VOCAB)
+    entries = [(banned, drafts, 0), (plain, drafts, len(drafts) + 1)]
+    rows = 2 * (len(drafts) + 1)
+    bitmask = buffer.take(rows)
+    _, counted = fill_until_remote(shards, entries, bitmask, buffer.segment_of(bitmask))
+    expected = torch.empty(rows, WORDS, dtype=torch.int32)
+    fill_draft_rows([(r.matcher, d, first) for r, d, first in entries], expected, num_threads=1)
+    assert torch.equal(bitmask, expected)
+    half = len(drafts) + 1
+    assert not torch.equal(bitmask[:half], bitmask[half:])  # the ban cleared bits
+    assert counted[half - 1] == counted[rows - 1]  # counted before the ban
+    assert counted[rows - 1] == allowed_counts(expected, [rows - 1])[0]
