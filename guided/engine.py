@@ -107,7 +107,8 @@ class Engine:
                     self._encoder.backend_json, vocab.token_bytes, vocab.eos_token_ids,
                     self._special_ids)
                 self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
-                                          self.mask_processes, drafting=drafting)
+                                          self.mask_processes, drafting=drafting,
+                                          times=self.step_times)
         return self._compiler
 
     @property
@@ -358,8 +359,7 @@ class Engine:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.stop_reason = stop_reason
-        if error is not None:
-            request.error = error
+        request.error = error if error is not None else request.error
         request.metrics.finished_time = time.time()
         counts = self.stats_totals.requests_finished_total
         counts[reason] = counts.get(reason, 0) + 1

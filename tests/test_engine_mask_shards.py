@@ -46,6 +46,8 @@ def test_shards_give_the_same_outputs_as_in_process_masks(overlap):
         got = sharded.generate(ps, params())
         assert engine.step_times.counts["mask_rows_shards"] > 0
         assert engine.step_times.counts["drafts_shards"] > 0  # walked in the shards
+        busy = engine.step_times.seconds  # the busiest shard's time a message, for benchmarks
+        assert busy["shards: fill, busiest (part)"] > 0 < busy["shards: drafts, busiest (part)"]
         for a, b in zip(got, want):
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
         for out in got[:5]:

@@ -11,14 +11,15 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
                                 into the rows it fills, and drafts never hold them; no reply
   ("drafts", seq, opens, closes, asks)
       asks: [(request_id, committed tokens since the last sync, DraftAsk fields)]
-      reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault)
+      reply: ("drafts", seq, [(anchor, drafts, number forced)] or None on a fault, seconds
+      spent)
   ("step", seq, opens, closes, path, capacity, fills)
       closes: [request_id]; opens: [(request_id, gid, ban key or None, prompt ids)], gids
       already loaded; fills: [(request_id, committed tokens since the last sync, drafts,
       first row)]
       reply: ("step", seq, (kind, error) or None, gids loaded since, gids that failed to
-      load, the tokens each fill's last row allows, counted before its ban); kind "draft": a
-      draft the grammar rejects, "fault": the mirror is off
+      load, the tokens each fill's last row allows, counted before its ban, seconds spent);
+      kind "draft": a draft the grammar rejects, "fault": the mirror is off
   ("stop",)
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
@@ -33,6 +34,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -182,14 +184,16 @@ def serve(conn) -> None:
             bans[message[1]] = token_ban(frozenset(message[2]), info.vocab_size)
         elif kind == "drafts":
             seq, opens, closes, asks = message[1:]
+            started = time.perf_counter()
             try:
                 results = propose(opens, closes, asks)
             except Exception as e:  # noqa: BLE001 - the engine proposes these itself
                 results = None
                 broken.append(f"drafting failed: {type(e).__name__}: {e}")
-            conn.send(("drafts", seq, results))
+            conn.send(("drafts", seq, results, time.perf_counter() - started))
         elif kind == "step":
             seq, opens, closes, path, capacity, fills = message[1:]
+            started = time.perf_counter()
             try:
                 error, widths = (("fault", broken[0]), []) if broken else step(
                     path, capacity, opens, closes, fills)
@@ -199,7 +203,7 @@ def serve(conn) -> None:
                 news, bad = loaded[:], failed[:]
                 loaded.clear()
                 failed.clear()
-            conn.send(("step", seq, error, news, bad, widths))
+            conn.send(("step", seq, error, news, bad, widths, time.perf_counter() - started))
         elif kind == "stop":
             return
 

@@ -9,11 +9,13 @@ tokens with each step's fills, and writes its rows into the step's mask buffer, 
 both processes (HostBitmasks(shared=True)). The loop sends one message per shard, goes on with
 its own work, and collects one reply per shard before the step samples.
 
-The shards also walk their requests' jump-forward drafts (shard_drafts.py). The engine keeps
-its own matchers, so a row is filled (a draft walked) in-process whenever a mirror cannot: a
-shard starting, a grammar being serialized or loaded (a cold grammar never waits for shipping),
-one too large to ship, a shard that failed (the engine never depends on a shard being alive).
-Only xgrammar grammars are shipped (CompiledGrammar.serialize_json)."""
+The shards also walk their requests' jump-forward drafts (shard_drafts.py), AND the token bans
+into their rows and count each request's last row for lazy masks; shard_grammars.py places the
+mirrors and ships the grammars. The engine keeps its own matchers, so a row is filled (a draft
+walked) in-process whenever a mirror cannot: a shard starting, a grammar being serialized or
+loaded (a cold grammar never waits for shipping), one too large to ship, a shard that failed
+(the engine never depends on a shard being alive). Only xgrammar grammars are shipped
+(CompiledGrammar.serialize_json)."""
 from __future__ import annotations
 
 import logging
@@ -25,21 +27,16 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
 from guided.fsm.shard_drafts import ShardDrafts
+from guided.fsm.shard_grammars import MAX_SHIPPED_BYTES, ShardGrammars, _Mirror
+from guided.step_times import StepTimes
 
 log = logging.getLogger(__name__)
-
-# larger compiled grammars stay in-process: serializing takes ~0.15 s/MB (of memory_size_bytes)
-# on the background threads; the costly rows (a random 8B model's long strings) are often theirs
-MAX_SHIPPED_BYTES = 32 << 20
-CACHED_GRAMMARS = 256  # unused grammars a shard keeps loaded for the next request
-PLACEMENT_SLACK = 16  # see _place
 
 Entry = tuple  # (matcher, drafts, first row)
 
@@ -63,14 +60,6 @@ class _Shard:
     awaiting: int | None = None  # the step message whose reply is not taken yet
 
 
-@dataclass(slots=True, eq=False)
-class _Mirror:
-    shard: _Shard | None  # None: filled in-process for good
-    gid: int
-    opened: bool = False
-    synced: int = 0  # output tokens the mirror has accepted
-
-
 class PendingFill:
     """The shards' replies a step still waits for."""
 
@@ -85,12 +74,14 @@ class PendingFill:
         return self._shards._collect(self._sent)
 
 
-class MaskShards(ShardDrafts):
+class MaskShards(ShardDrafts, ShardGrammars):
     def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
-                 max_shipped_bytes: int = MAX_SHIPPED_BYTES):
+                 max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None):
         """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
-        shards to walk jump-forward drafts too (ask_drafts); None: fills only."""
+        shards to walk jump-forward drafts too (ask_drafts); None: fills only. times: where
+        the busiest shard's seconds a message go (the step loop's waits beside them)."""
         self.num_shards = num_shards
+        self.times = times
         self.drafting = drafting is not None
         self.max_shipped_bytes = max_shipped_bytes
         self._shards: list[_Shard] = []
@@ -246,6 +237,7 @@ class MaskShards(ShardDrafts):
         failed: list[Entry] = []
         error = None
         widths: dict[int, int] = {}
+        busiest = 0.0
         for shard, seq, mine in sent:
             reply = self._recv(shard, "step", seq)
             with self._lock:
@@ -253,7 +245,8 @@ class MaskShards(ShardDrafts):
                 if reply is None or shard.dead:  # dead: it failed drafting, its rows unsure
                     failed.extend(mine)
                     continue
-                _, _, problem, loaded, bad, counts = reply
+                _, _, problem, loaded, bad, counts, busy = reply
+                busiest = max(busiest, busy)
                 for gid in loaded:
                     shard.loading.discard(gid)
                     shard.loaded[gid] = None
@@ -272,111 +265,12 @@ class MaskShards(ShardDrafts):
                 else:  # the mirror cannot be trusted: its rows are filled here
                     self._fail(shard, message)
                     failed.extend(mine)
+        self._note_busy("shards: fill, busiest (part)", busiest)
         return failed, error, widths
 
-    # -- requests and grammars -----------------------------------------------------------------
-    def release(self, request_id: str) -> None:
-        """The request finished: its mirror goes with the shard's next step message."""
-        with self._lock:
-            mirror = self._mirrors.pop(request_id, None)
-            shard = None if mirror is None else mirror.shard
-            if shard is None or shard.dead:
-                return
-            shard.num_mirrors -= 1
-            shard.users[mirror.gid] -= 1
-            if mirror.opened:
-                shard.closes.append(request_id)
-            self._evict(shard)
-
-    def _place(self, matcher, live: list[_Shard]) -> _Mirror:
-        compiled = getattr(matcher, "compiled", None)
-        if compiled is None:  # not an xgrammar matcher: nothing to ship
-            return _Mirror(None, -1)
-        known = self._gids.get(id(compiled))
-        if known is not None and known[0]() is compiled:
-            gid = known[1]
-        else:  # CompiledGrammar is unhashable: keyed by id, kept while the grammar lives
-            gid = self._next_gid
-            self._next_gid += 1
-            key = id(compiled)
-            self._gids[key] = (weakref.ref(compiled, lambda _, k=key: self._gids.pop(k, None)),
-                               gid)
-        if gid in self._unshippable or compiled.memory_size_bytes > self.max_shipped_bytes:
-            if gid not in self._unshippable:
-                log.info("mask shards: a %.1f MB grammar stays in-process",
-                         compiled.memory_size_bytes / 2**20)
-                self._unshippable.add(gid)
-            return _Mirror(None, gid)
-        # where the grammar is (being) loaded, unless that shard is far busier than the
-        # emptiest: a row filled in-process while a grammar ships costs more than imbalance
-        best = min(live, key=lambda s: s.num_mirrors)
-        having = [s for s in live if gid in s.loaded or gid in s.loading]
-        if having:
-            closest = min(having, key=lambda s: s.num_mirrors)
-            if closest.num_mirrors <= 2 * best.num_mirrors + PLACEMENT_SLACK:
-                best = closest
-        if gid not in best.loaded and gid not in best.loading:
-            best.loading.add(gid)
-            best.unsent.append(gid)
-            if gid not in self._files:
-                self._files[gid] = self._serializer.submit(self._serialize, compiled, gid)
-        best.num_mirrors += 1
-        best.users[gid] += 1
-        return _Mirror(best, gid)
-
-    def _serialize(self, compiled, gid: int) -> str | None:
-        try:
-            path = os.path.join(self._folder, f"{gid}.json")
-            with open(path, "w") as f:
-                f.write(compiled.serialize_json())
-            return path
-        except Exception:  # noqa: BLE001 - filled in-process
-            log.exception("cannot serialize a grammar for the mask shards")
-            return None
-
-    def _send_loads(self, live: list[_Shard]) -> None:
-        """Grammars serialized since the last step go to the shards that wait for them."""
-        for shard in live:
-            waiting = []
-            for gid in shard.unsent:
-                future = self._files[gid]
-                if not future.done():
-                    waiting.append(gid)
-                    continue
-                path = future.result()
-                if path is None:
-                    self._unshippable.add(gid)
-                    shard.loading.discard(gid)
-                    continue
-                try:
-                    shard.conn.send(("load", gid, path))
-                except (OSError, ValueError):
-                    self._fail(shard, "its pipe closed")
-                    break
-            shard.unsent = waiting
-
-    def _shipped(self, gid: int) -> None:
-        """A shard loaded the grammar (or failed to): its file goes once no shard waits."""
-        if any(gid in shard.loading for shard in self._shards if not shard.dead):
-            return
-        future = self._files.pop(gid, None)
-        path = None if future is None or not future.done() else future.result()
-        if path is not None:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-    def _evict(self, shard: _Shard) -> None:
-        unused = [gid for gid in shard.loaded if shard.users[gid] <= 0]
-        for gid in unused[:max(0, len(unused) - CACHED_GRAMMARS)]:
-            del shard.loaded[gid]
-            del shard.users[gid]
-            try:
-                shard.conn.send(("drop", gid))
-            except (OSError, ValueError):
-                self._fail(shard, "its pipe closed")
-                return
+    def _note_busy(self, name: str, seconds: float) -> None:
+        if self.times is not None and seconds:
+            self.times.seconds[name] += seconds
 
     def _fail(self, shard: _Shard, why: str) -> None:
         if shard.dead:

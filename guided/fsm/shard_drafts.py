@@ -104,6 +104,7 @@ class ShardDrafts:
     def _collect_drafts(self, sent: list) -> tuple[list[tuple], list[tuple]]:
         done: list[tuple] = []
         failed: list[tuple] = []
+        busiest = 0.0
         for shard, seq, mine in sent:
             reply = self._recv(shard, "drafts", seq)
             if reply is not None and reply[2] is None:
@@ -114,6 +115,8 @@ class ShardDrafts:
                 failed.extend(mine)
                 continue
             done.extend((request, result) for (request, _), result in zip(mine, reply[2]))
+            busiest = max(busiest, reply[3])
+        self._note_busy("shards: drafts, busiest (part)", busiest)
         return done, failed
 
     def _recv(self, shard: _Shard, kind: str, seq: int) -> tuple | None:
