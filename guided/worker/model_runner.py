@@ -216,41 +216,38 @@ class ModelRunner:
                 known = req.num_tokens
                 ids.extend(req.token_at(pos) if pos < known
                            else item.draft_token_ids[pos - known] for pos in range(start, start + n))
-            positions.extend(range(start, start + n))
-            slots.extend(table[pos // bs] * bs + pos % bs for pos in range(start, start + n))
+            for pos in range(start, start + n):
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
             query_start.append(len(ids))
             seq_lens.append(start + n)
             if not item.sample:
                 continue
             p = req.params
             row_of_request[req.request_id] = len(logits_indices)
-            # a row per draft, then the bonus row: the request's values repeated per row (a
-            # list per field, not a loop per row: a quarter of a step's prepare at 256)
-            k = 1 + item.num_draft_tokens
-            logits_indices.extend(range(len(ids) - k, len(ids)))
-            row_owner.extend([b] * k)
-            # which output token each row samples (in-flight ones come before them)
-            out_index = len(req.output_token_ids) + req.num_inflight_samples
-            rows.seeds.extend(position_seed(req.seed, out_index + j) for j in range(k))
-            rows.temperature.extend([p.temperature] * k)
-            rows.top_k.extend([p.top_k] * k)
-            rows.top_p.extend([p.top_p] * k)
-            rows.min_p.extend([p.min_p] * k)
-            rows.presence_penalty.extend([p.presence_penalty] * k)
-            rows.frequency_penalty.extend([p.frequency_penalty] * k)
-            rows.repetition_penalty.extend([p.repetition_penalty] * k)
-            if p.presence_penalty or p.frequency_penalty:
-                rows.history.extend(req.output_token_ids + item.draft_token_ids[:j]
-                                    for j in range(k))
-            else:
-                rows.history.extend([] for _ in range(k))
-            rows.prompt_ids.extend([req.prompt_token_ids] * k)
-            rows.num_logprobs.extend([-1 if p.logprobs is None else p.logprobs] * k)
-            if constrained[b]:
-                mask_rows.extend(range(num_mask_rows, num_mask_rows + k))
-                num_mask_rows += k
-            else:
-                mask_rows.extend([-1] * k)
+            for j in range(1 + item.num_draft_tokens):
+                logits_indices.append(len(ids) - 1 - item.num_draft_tokens + j)
+                row_owner.append(b)
+                # which output token this row samples (in-flight ones come before it)
+                out_index = len(req.output_token_ids) + req.num_inflight_samples + j
+                rows.temperature.append(p.temperature)
+                rows.seeds.append(position_seed(req.seed, out_index))
+                rows.top_k.append(p.top_k)
+                rows.top_p.append(p.top_p)
+                rows.min_p.append(p.min_p)
+                rows.presence_penalty.append(p.presence_penalty)
+                rows.frequency_penalty.append(p.frequency_penalty)
+                rows.repetition_penalty.append(p.repetition_penalty)
+                penalized = p.presence_penalty or p.frequency_penalty
+                rows.history.append(req.output_token_ids + item.draft_token_ids[:j]
+                                    if penalized else [])
+                rows.prompt_ids.append(req.prompt_token_ids)
+                rows.num_logprobs.append(-1 if p.logprobs is None else p.logprobs)
+                if constrained[b]:
+                    mask_rows.append(num_mask_rows)
+                    num_mask_rows += 1
+                else:
+                    mask_rows.append(-1)
         dev = self.device
         query_lens = [b - a for a, b in pairwise(query_start)]
         meta = AttentionMetadata(
