@@ -69,10 +69,6 @@ class EngineConfig:
     # in-process fills, H200); warm ones fill beside the loop (RESULTS, session 13: H100,
     # default model at 64, constrained / free 0.68-0.79 against 0.61-0.66)
     mask_processes: int | None = None
-    # a shard, and the step loop waiting on one, poll its pipe this long (ms) before blocking:
-    # a core woken from a blocking read runs the next message slower (measured in
-    # benchmarks/RESULTS.md, session 15); 0: block at once
-    shard_spin_ms: float = 0.0
 
     # GPU execution
     cuda_graphs: bool = True
@@ -140,8 +136,6 @@ class EngineConfig:
              "lazy_mask_min_allowed")
         need(self.mask_processes is None or 0 <= self.mask_processes <= 64,
              "mask_processes must lie in [0, 64] (or None)", "mask_processes")
-        need(0 <= self.shard_spin_ms <= 1000, "shard_spin_ms must lie in [0, 1000]",
-             "shard_spin_ms")
         need(self.max_jump_forward_tokens >= 1, "max_jump_forward_tokens must be >= 1",
              "max_jump_forward_tokens")
 

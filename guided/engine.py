@@ -108,7 +108,7 @@ class Engine:
                     self._special_ids)
                 self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
                                           self.mask_processes, drafting=drafting,
-                                          times=self.step_times, spin_ms=self.config.shard_spin_ms)
+                                          times=self.step_times)
         return self._compiler
 
     @property

@@ -23,8 +23,7 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("stop",)
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
-Rust tokenizer as JSON, token bytes, EOS ids, special ids; seconds to poll the pipe for the
-next message before a blocking read); it replies ("ready", whether it
+Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready", whether it
 walks drafts) once its imports and the tokenizer are in place. Run as
 `python -m guided.fsm.mask_shard_worker ADDRESS` (GUIDED_SHARD_AUTHKEY in the environment): it
 connects back to the engine's listener.
@@ -49,13 +48,12 @@ def serve(conn) -> None:
     from guided.fsm.backends.xgrammar_backend import TokenBan, XGrammarMatcher, token_ban
     from guided.fsm.bitmask_fill import allowed_counts, apply_bans, rejected_draft, traverse_chain
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
-    from guided.fsm.shard_drafts import receive
     from guided.fsm.vocab import TokenVocab
     from guided.ngram import NgramIndex
 
     torch.set_num_threads(1)
     try:
-        info_json, drafting, spin_s = conn.recv()
+        info_json, drafting = conn.recv()
     except (EOFError, OSError):  # the engine exited while this shard was starting
         return
     info = xgr.TokenizerInfo.deserialize_json(info_json)
@@ -173,7 +171,7 @@ def serve(conn) -> None:
     conn.send(("ready", encoder is not None))
     while True:
         try:
-            message = receive(conn, spin_s)
+            message = conn.recv()
         except (EOFError, OSError):  # the engine went away
             return
         kind = message[0]

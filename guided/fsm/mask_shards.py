@@ -76,15 +76,12 @@ class PendingFill:
 
 class MaskShards(ShardDrafts, ShardGrammars):
     def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
-                 max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None,
-                 spin_ms: float = 0.0):
+                 max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None):
         """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
         shards to walk jump-forward drafts too (ask_drafts); None: fills only. times: where
-        the busiest shard's seconds a message go (the step loop's waits beside them). spin_ms:
-        how long a shard, and the loop waiting on one, poll the pipe before blocking."""
+        the busiest shard's seconds a message go (the step loop's waits beside them)."""
         self.num_shards = num_shards
         self.times = times
-        self.spin_s = spin_ms / 1e3
         self.drafting = drafting is not None
         self.max_shipped_bytes = max_shipped_bytes
         self._shards: list[_Shard] = []
@@ -122,7 +119,7 @@ class MaskShards(ShardDrafts, ShardGrammars):
                         [sys.executable, "-m", "guided.fsm.mask_shard_worker", listener.address],
                         env=env, stdin=subprocess.DEVNULL)
                     conn = listener.accept()
-                    conn.send((info_json, drafting, self.spin_s))
+                    conn.send((info_json, drafting))
                     with self._lock:
                         if self._closed:
                             process.kill()

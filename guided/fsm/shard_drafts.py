@@ -7,23 +7,12 @@ its asks back: the loop's own matchers hold the same committed tokens."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from guided.fsm.mask_shards import _Shard
 
 log = logging.getLogger(__name__)
-
-
-def receive(conn, spin_s: float):
-    """conn.recv(), polling the pipe for up to spin_s first: a thread woken from a blocking
-    read, on a core that went idle meanwhile, takes longer to get going again."""
-    if spin_s > 0 and not conn.poll():
-        deadline = time.perf_counter() + spin_s
-        while not conn.poll() and time.perf_counter() < deadline:
-            pass
-    return conn.recv()
 
 
 class PendingDrafts:
@@ -135,7 +124,7 @@ class ShardDrafts:
         between) is passed over. None: the shard failed."""
         while True:
             try:
-                reply = receive(shard.conn, self.spin_s)
+                reply = shard.conn.recv()
             except (EOFError, OSError):
                 reply = None
             if reply is not None and reply[0] == "drafts" and reply[1] != seq:
