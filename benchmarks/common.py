@@ -47,6 +47,16 @@ def add_run_args(ap) -> None:
                     help="torch CPU threads (0: torch's default); 1 is robust on a shared box")
 
 
+def add_offline_args(ap, *, concurrency: int = 64) -> None:
+    """--model, --workload, --num-requests, --concurrency and --max-tokens: an offline run over
+    an exported workload (engine_offline.py and the profilers)."""
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=concurrency)
+    ap.add_argument("--max-tokens", type=int, default=256)
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

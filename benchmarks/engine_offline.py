@@ -16,6 +16,8 @@ import statistics
 import sys
 import time
 
+from common import add_offline_args
+
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine import Engine
@@ -138,11 +140,7 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    add_offline_args(ap)
     ap.add_argument("--free", action="store_true")
     ap.add_argument("--no-jump-forward", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

@@ -16,6 +16,7 @@ import io
 import json
 import pstats
 
+from common import add_offline_args
 from engine_offline import load, run
 
 from guided.engine import Engine
@@ -24,11 +25,7 @@ from guided.fsm import bitmask_fill
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    add_offline_args(ap)
     ap.add_argument("--min-parallel-rows", type=int, action="append", default=[],
                     help="also time runs with this batched-fill thread threshold")
     ap.add_argument("--top", type=int, default=45)

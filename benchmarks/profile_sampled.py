@@ -21,6 +21,8 @@ import subprocess
 import sys
 from collections import Counter
 
+from common import add_offline_args
+
 MARKERS = {"measured_constrained": "constrained", "measured_free": "free"}
 
 
@@ -110,11 +112,7 @@ def analyze(stacks_path: str, steps: dict, rate: int, top: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    add_offline_args(ap)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rate", type=int, default=1000, help="samples a second")
     ap.add_argument("--top", type=int, default=40)
