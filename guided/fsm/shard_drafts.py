@@ -76,9 +76,11 @@ class ShardDrafts:
             per_shard: dict = {}  # shard -> (messages, [(request, ask)])
             for request, ask in asks:
                 mirror = self._mirrors.get(request.request_id)
-                if mirror is None and live:  # its first proposal: placed now, not at its fill
+                # its first proposal: placed now, not at its first fill (a heavy request's rows
+                # are filled on side threads, never mirrored)
+                if mirror is None and live and not request.matcher.heavy:
                     mirror = self._mirrors[request.request_id] = self._place(
-                        request.matcher, self._live())
+                        request.matcher, [s for s in self._shards if s in live])
                 shard = None if mirror is None else mirror.shard
                 if shard not in live or mirror.gid not in shard.loaded:
                     local.append((request, ask))
