@@ -70,21 +70,13 @@ def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
     mask shards that filled them); the rest are counted here, in one vectorized count. Bans
     clear a handful of bits: counted before they are applied."""
     threshold = min_allowed * bitmask.shape[1] * 32
-    if counted:
-        last_rows = [(request, row) for request, row in last_rows
-                     if _mark(request, counted.get(row), threshold)]
-    if last_rows:
-        allowed = allowed_counts(bitmask, [row for _, row in last_rows])
-        for (request, _), count in zip(last_rows, allowed.tolist()):
-            request.mask_wide = count >= threshold
-
-
-def _mark(request: Request, count: int | None, threshold: float) -> bool:
-    """Marks the request from its counted row; True where its row was not counted."""
-    if count is None:
-        return True
-    request.mask_wide = count >= threshold
-    return False
+    counted = counted or {}
+    uncounted = [(request, row) for request, row in last_rows if row not in counted]
+    if uncounted:
+        allowed = allowed_counts(bitmask, [row for _, row in uncounted])
+        counted = {**counted, **{row: n for (_, row), n in zip(uncounted, allowed.tolist())}}
+    for request, row in last_rows:
+        request.mask_wide = counted[row] >= threshold
 
 
 def json_string_state(state: int, text: bytes) -> int:

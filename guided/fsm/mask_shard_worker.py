@@ -46,7 +46,13 @@ def serve(conn) -> None:
     import xgrammar as xgr
 
     from guided.fsm.backends.xgrammar_backend import TokenBan, XGrammarMatcher, token_ban
-    from guided.fsm.bitmask_fill import allowed_counts, apply_bans, rejected_draft, traverse_chain
+    from guided.fsm.bitmask_fill import (
+        allowed_counts,
+        apply_bans,
+        note_ban,
+        rejected_draft,
+        traverse_chain,
+    )
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
     from guided.ngram import NgramIndex
@@ -104,9 +110,9 @@ def serve(conn) -> None:
         for request_id in closes:
             mirrors.pop(request_id, None)
         with lock:
-            for request_id, gid, ban, prompt in opens:
+            for request_id, gid, ban_key, prompt in opens:
                 grammar = grammars[gid]
-                ban = bans.get(ban)
+                ban = bans.get(ban_key)
                 matcher = (XGrammarMatcher(grammar, vocab, ban=ban)
                            if vocab is not None else None)
                 mirrors[request_id] = _Mirror(
@@ -155,9 +161,7 @@ def serve(conn) -> None:
                 chains.append((mirror.xgrammar, drafts, first))
             else:
                 plain.append((mirror.xgrammar, first))
-            if mirror.ban is not None:
-                banned.setdefault(id(mirror.ban), (mirror.ban, []))[1].extend(
-                    range(first, first + len(drafts) + 1))
+            note_ban(banned, mirror, range(first, first + len(drafts) + 1))
         if plain:
             batch.batch_fill_next_token_bitmask([m for m, _ in plain], bitmask,
                                                 indices=[row for _, row in plain])
