@@ -30,6 +30,13 @@ def test_fast_decode_equals_the_tokenizers_decode(tokenizer):
                 ids, skip_special_tokens=skip)
 
 
+def test_spaces_before_punctuation_are_kept_as_llama_cpp_decodes_them(tokenizer):
+    # no "clean-up" (whatever a transformers version's default): the Rust decode stays usable
+    assert tokenizer.clean_up_tokenization_spaces is False
+    text = "a . b , c ! d ? e 's"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
 def test_deltas_add_up_to_the_whole_text_and_never_split_a_character(tokenizer):
     text = "Grüße, 東京! naïve café ☕ — 🙂 done"
     ids = tokenizer.encode(text, add_special_tokens=False)

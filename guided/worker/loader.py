@@ -88,6 +88,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer.clean_up_tokenization_spaces = False  # llama.cpp's decode: see load_tokenizer
         tokenizer.save_pretrained(str(tmp))
         if out_dir.is_dir() and not (out_dir / "model.safetensors").is_file():
             shutil.rmtree(out_dir, ignore_errors=True)  # a tokenizer-only copy: replace it
@@ -177,7 +178,14 @@ def load_tokenizer(model: str = "default"):
 
     if model.startswith("synthetic:"):
         model = "default"
-    return AutoTokenizer.from_pretrained(str(resolve_model_dir(model, need_weights=False)))
+    model_dir = resolve_model_dir(model, need_weights=False)
+    if model in ("default", "") or model.endswith(".gguf"):
+        # a GGUF's text is its tokens' bytes, as llama.cpp decodes them (no "clean-up" of the
+        # spaces before punctuation); a converted config that does not say so gets some
+        # transformers versions' default, True, whose Python decode costs ~3x the Rust one
+        # on the engine's hot path (guided/detokenizer.py)
+        return AutoTokenizer.from_pretrained(str(model_dir), clean_up_tokenization_spaces=False)
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def load_model_config(model: str) -> ModelConfig:
