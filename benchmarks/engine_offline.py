@@ -11,6 +11,7 @@ constrained / unconstrained ratio on the same prompts. Workload files come from
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -21,6 +22,28 @@ from common import add_offline_args
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine import Engine
+
+
+class GcTimer:
+    """Python's cyclic collections during a run: how many, and the loop's time in them (a full
+    collection walks every live object, milliseconds with a loaded engine)."""
+
+    def __init__(self):
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def reset(self) -> None:
+        self.count, self.seconds = 0, 0.0
+
+
+GC = GcTimer()
 
 
 def load(path: str, n: int) -> list[dict]:
@@ -43,6 +66,7 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
     list (the paired run forces the constrained run's lengths)."""
     t0 = time.perf_counter()
     engine.step_times.reset()
+    GC.reset()
     refused, tokens = 0, 0
     lengths: dict[int, int] = {}
     for i, row in enumerate(rows):
@@ -77,7 +101,8 @@ def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) ->
     named = sum(v for k, v in times.seconds.items() if not k.endswith(("(thread)", "(part)")))
     steps = max(times.counts.get("steps", 0), 1)
     return (f" | adding {adding * 1e3:.0f} ms, stepping {stepping * 1e3:.0f} ms in {num_calls}"
-            f" calls, unnamed {(stepping - named) * 1e3 / steps:.2f} ms a step")
+            f" calls, unnamed {(stepping - named) * 1e3 / steps:.2f} ms a step, gc {GC.count}"
+            f" collections {GC.seconds * 1e3:.1f} ms")
 
 
 def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
