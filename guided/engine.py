@@ -1,7 +1,6 @@
-"""Engine: add_request / abort_request / step. One synchronous step: schedule -> execute (the
-grammar masks filled on the host while the model runs) -> sample -> update (append, verify
-jump-forward drafts, stop checks) -> outputs. On the GPU steps overlap instead (overlap.py):
-the host updates step t and schedules t+2 while the device runs t+1."""
+"""Engine: add_request / abort_request / step. One synchronous step: schedule -> execute (masks
+filled on the host while the model runs) -> sample -> update (append, verify drafts, stops) ->
+outputs. On the GPU steps overlap (overlap.py): the host updates t while the device runs t+1."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +17,7 @@ from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked, note_j
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
+from guided.heap import freeze_startup_heap, thaw_heap
 from guided.outputs import EngineStats, RequestOutput, TokenLogprob
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
@@ -87,6 +87,7 @@ class Engine:
         self.stats_totals = EngineStats()
         if self.mask_processes:
             self.compiler  # starts the shards now: they take seconds to import
+        freeze_startup_heap()  # full collections would walk it every time (guided/heap.py)
         log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d tokens, "
                  "max_model_len %d, %s scheduling, %d mask shards", time.perf_counter() - t0,
                  config.model, self.runner.device, str(self.runner.dtype).removeprefix("torch."),
@@ -230,8 +231,7 @@ class Engine:
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 *, multi_step: bool = False) -> None:
-        """multi_step: each request's tokens come from consecutive decode steps (each one the
-        next step's input), not from verifying drafts."""
+        """multi_step: a request's tokens come from consecutive decode steps, not drafts."""
         num_passes = len(sampled[0]) if multi_step else 1
         self.stats_totals.forward_passes_total += num_passes
         for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
@@ -298,8 +298,7 @@ class Engine:
                 self._to_propose.append(request)
 
     def _ask_drafts(self) -> None:
-        """Plans drafts for the requests the last update moved on (mask shards walk theirs
-        beside the loop until _propose)."""
+        """Plans drafts for the requests the update moved on (shards walk theirs meanwhile)."""
         to_propose, self._to_propose = self._to_propose, []
         if to_propose or self._drafts is not None:  # also forgets asks of a failed step
             self.drafts.ask(to_propose, num_running=len(self.scheduler.running),
@@ -398,3 +397,4 @@ class Engine:
         if self._compiler is not None:
             self._compiler.shutdown()
         self.runner.shutdown()
+        thaw_heap()  # the engine's own cycles collectable again

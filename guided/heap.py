@@ -1,0 +1,30 @@
+"""Python's cyclic garbage collector and a loaded engine.
+
+A full collection walks every object alive, and after start-up that is millions of them
+(torch, transformers, the tokenizer's tables, the compiled model's graphs): measured on an H100
+host, 0.54 s of one 2 s offline run went to collections (benchmarks/RESULTS.md, session 16), a
+stall of the whole step loop each time. The objects made during start-up live as long as the
+engine, so they are moved out of the collector's reach once it is ready, as vLLM and SGLang
+do; the step loop's own garbage is collected as before."""
+from __future__ import annotations
+
+import gc
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then freeze what survives (gc.freeze: never traversed again). Returns the
+    number of objects frozen."""
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.debug("froze %d start-up objects out of the cyclic collector", frozen)
+    return frozen
+
+
+def thaw_heap() -> None:
+    """Frozen objects back in the collector's reach (an engine shut down: its cycles, frozen
+    with the rest, would otherwise never be freed)."""
+    gc.unfreeze()
