@@ -4,8 +4,8 @@ A full collection walks every object alive, and after start-up that is millions 
 (torch, transformers, the tokenizer's tables, the compiled model's graphs): measured on an H100
 host, 0.54 s of one 2 s offline run went to collections (benchmarks/RESULTS.md, session 16), a
 stall of the whole step loop each time. The objects made during start-up live as long as the
-engine, so they are moved out of the collector's reach once it is ready, as vLLM and SGLang
-do; the step loop's own garbage is collected as before."""
+engine, so they are moved out of the collector's reach once it is ready (gc.freeze, as vLLM does
+after start-up); the step loop's own garbage is collected as before."""
 from __future__ import annotations
 
 import gc
