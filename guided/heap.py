@@ -1,6 +1,6 @@
 """Python's cyclic garbage collector and a loaded engine.
 
-A full collection walks every object alive, and after start-up that is millions of them
+A full collection walks every object alive, and after start-up that is ~350k of them
 (torch, transformers, the tokenizer's tables, the compiled model's graphs): measured on an H100
 host, 0.54 s of one 2 s offline run went to collections (benchmarks/RESULTS.md, session 16), a
 stall of the whole step loop each time. The objects made during start-up live as long as the
