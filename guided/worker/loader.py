@@ -179,7 +179,7 @@ def load_tokenizer(model: str = "default"):
     if model.startswith("synthetic:"):
         model = "default"
     model_dir = resolve_model_dir(model, need_weights=False)
-    if model in ("default", "") or model.endswith(".gguf"):
+    if model_dir.parent == cache_root():  # converted from a GGUF here (convert_gguf)
         # a GGUF's text is its tokens' bytes, as llama.cpp decodes them (no "clean-up" of the
         # spaces before punctuation); a converted config that does not say so gets some
         # transformers versions' default, True, whose Python decode costs ~3x the Rust one
