@@ -11,6 +11,7 @@ constrained / unconstrained ratio on the same prompts. Workload files come from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -78,9 +79,12 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
         engine.add_request(f"{tag}{i}", prompt, params_for(row, limit, free))
     t_added = time.perf_counter()
     num_calls = 0
+    by_batch = BatchTimes()
     while engine.has_unfinished_requests():
         num_calls += 1
-        for out in engine.step():
+        with by_batch.step(len(engine.scheduler.running)):
+            outputs = engine.step()
+        for out in outputs:
             if out.finished:
                 tokens += len(out.token_ids)
                 refused += out.finish_reason == "error"
@@ -90,8 +94,34 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
             "refused": refused,
             "phases": engine.step_times.summary() + loop_time(engine, t_added - t0,
                                                               time.perf_counter() - t_added,
-                                                              num_calls),
+                                                              num_calls)
+            + by_batch.summary(),
             "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
+
+
+class BatchTimes:
+    """The loop's calls by how many requests were running: where a mode's time goes, the full
+    batch or the tail of a few long requests (a step's fixed costs show in the tail)."""
+    EDGES = (4, 16, 64)
+
+    def __init__(self):
+        self.calls = [0] * (len(self.EDGES) + 1)
+        self.seconds = [0.0] * (len(self.EDGES) + 1)
+
+    @contextlib.contextmanager
+    def step(self, num_running: int):
+        k = sum(num_running > edge for edge in self.EDGES)
+        t0 = time.perf_counter()
+        yield
+        self.calls[k] += 1
+        self.seconds[k] += time.perf_counter() - t0
+
+    def summary(self) -> str:
+        lows = (1, *(edge + 1 for edge in self.EDGES))
+        highs = (*(str(edge) for edge in self.EDGES), "")
+        return " | by running: " + ", ".join(
+            f"{lo}-{hi} {n} calls {s * 1e3:.0f} ms"
+            for lo, hi, n, s in zip(lows, highs, self.calls, self.seconds) if n)
 
 
 def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) -> str:
