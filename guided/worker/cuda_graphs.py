@@ -37,8 +37,17 @@ def decode_batch_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s <= max_batch] or [1]
 
 
-def verify_token_counts(max_tokens: int) -> list[int]:
+def prefill_token_counts(max_tokens: int) -> list[int]:
     counts = [8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+    return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
+
+
+def verify_token_counts(max_tokens: int) -> list[int]:
+    """Finer than the decode batch sizes: a verify step is mostly a decode batch with a few
+    drafts, and every padding token runs through every layer. On the coarse prefill ladder
+    256 requests with a handful of drafts ran as 384 tokens, half again a decode step's
+    matmuls on a large model."""
+    counts = [8, *range(16, 513, 16), *range(544, 1025, 32), 1280, 1536, 1792, 2048]
     return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
 
 
@@ -50,7 +59,7 @@ class StepGraphs:
         self.kv_caches = kv_caches
         self.decode_sizes = decode_batch_sizes(max_batch)
         self.verify_sizes = verify_token_counts(max_batch * MAX_QUERY_LEN)
-        self.prefill_sizes = [c for c in verify_token_counts(max_step_tokens)
+        self.prefill_sizes = [c for c in prefill_token_counts(max_step_tokens)
                               if MAX_QUERY_LEN < c <= max_step_tokens]
         # a verify request may run MAX_QUERY_LEN tokens past its last block
         self.max_blocks = max_blocks_per_seq
