@@ -28,24 +28,36 @@ class AnchorPayoff:
     grammar's forced text in the tokens drafted is the model's trait): a running mean of the
     tokens each gained against an unanchored step. A hit gains its kept drafts, less the step
     after it when a draft was rejected (that step, in flight, assumed them all: it is voided);
-    a miss gains nothing (its first row stands, its drafts' rows were spent). While the mean is
-    below the bar a proposal is still anchored at random one time in probe_every, to see again
-    (at random: a fixed stride would probe the same requests of a steady batch)."""
+    a miss gains nothing (its first row stands, its drafts' rows were spent).
+
+    While the mean is below the bar, one step in probe_every (at random) still anchors about
+    probes_per_step of its proposals (at random: a fixed stride would probe the same requests
+    of a steady batch), to see again. Few probes, gathered in few steps: each probe may void
+    its request's next step, and any draft in a step makes it a verify step whose padded
+    tokens a large model pays for in every layer (one in eight proposals probed at 256
+    requests made nearly half the steps verify steps and voided ~500 rows a run on a random
+    8B, benchmarks/RESULTS.md, session 17)."""
     min_gain: float = 0.5
     mean_gain: float = 1.0  # drafts are tried first
     weight: float = 1 / 64
     probe_every: int = 8
+    probes_per_step: int = 8
     num_asked: int = 0  # proposals asked about while below the bar
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    probing: bool = False  # this step probes
 
     def note(self, gain: int) -> None:
         self.mean_gain += self.weight * (gain - self.mean_gain)
 
-    def allows(self) -> bool:
+    def start_step(self) -> None:
+        """Once a step, before its proposals."""
+        self.probing = self.rng.random() * self.probe_every < 1
+
+    def allows(self, num_running: int = 1) -> bool:
         if policy.anchoring_pays(self.mean_gain, min_gain=self.min_gain):
             return True
         self.num_asked += 1
-        return self.rng.random() * self.probe_every < 1
+        return self.probing and self.rng.random() * num_running < self.probes_per_step
 
 
 class DraftProposer:
@@ -69,6 +81,7 @@ class DraftProposer:
         """Plans the requests' next drafts; those a mask shard mirrors are sent there, to be
         walked beside the loop until finish()."""
         with times.phase("jump_forward"):
+            self.payoff.start_step()
             asks = [(r, ask) for r in requests if not r.is_finished
                     and (ask := self.plan(r, num_running=num_running)) is not None]
             self._asks, self._asked = asks, None
@@ -106,7 +119,7 @@ class DraftProposer:
         if room <= 0:
             return None
         if inflight is not None and not (self.overlap and request.anchored_skip) \
-                and not self.payoff.allows():
+                and not self.payoff.allows(num_running):
             return None  # anchored drafts do not pay now
         lookup_tokens = (self.config.lookup_draft_tokens if policy.drafts_lookup(
             num_running, max_batch=self.config.lookup_max_batch) and self._lookup_ready(request)
