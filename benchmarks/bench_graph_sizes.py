@@ -1,12 +1,15 @@
 """GPU time of one forward pass at each captured CUDA-graph size around a batch: what a verify
 step's padding costs (a decode batch of N requests with a few drafts replays the verify graph
-of the next size up). GPU only; one table:
+of the next size up). The graphs replay on their capture-time inputs (short sequences), so this
+is the layers' matmuls over the padding, not long attention. The engine's log line says how
+long it took to capture them all. GPU only; one table:
 
     python benchmarks/bench_graph_sizes.py --model synthetic:llama-3-8b --batch 256
 """
 from __future__ import annotations
 
 import argparse
+import logging
 
 import torch
 from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
@@ -35,6 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_graph_sizes.py needs a GPU")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("guided.worker.cuda_graphs").setLevel(logging.INFO)  # the capture time
     engine = Engine(EngineConfig(model=args.model, max_num_seqs=args.batch))
     graphs = engine.runner.graphs.graphs
     decode = graphs[("decode", args.batch)]
