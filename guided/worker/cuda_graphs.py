@@ -45,8 +45,8 @@ def prefill_token_counts(max_tokens: int) -> list[int]:
 def verify_token_counts(max_tokens: int) -> list[int]:
     """Finer than the decode batch sizes: a verify step is mostly a decode batch with a few
     drafts, and every padding token runs through every layer. On the coarse prefill ladder
-    256 requests with a handful of drafts ran as 384 tokens, half again a decode step's
-    matmuls on a large model."""
+    256 requests with a handful of drafts ran as 384 tokens: 12.76 ms a replay against the
+    decode graph's 8.53 on a random 8B (H100, benchmarks/bench_graph_sizes.py)."""
     counts = [8, *range(16, 513, 16), *range(544, 1025, 32), 1280, 1536, 1792, 2048]
     return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
 
@@ -111,8 +111,8 @@ class StepGraphs:
             log.debug("capturing the %s graph of %d", kind, n)
             args = (self.input_ids[:n], self.positions[:n], self.kv_caches, self._meta(kind, n))
             t_warm = time.perf_counter()
-            # compile / autotune outside the capture: twice for a kind's first graph, then
-            # once (per graph the passes were 90% of the capture time: 36 of 40 s, 8B on an H100)
+            # compile / autotune outside the capture: twice for a kind's first graph, then once
+            # (two passes a graph took 36 of the 8B's 40 s of capture on an H100)
             for _ in range(1 if kind in warmed else 2):
                 self.model(*args, fused=True)
             warmed.add(kind)
