@@ -37,9 +37,13 @@ def decode_batch_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s <= max_batch] or [1]
 
 
-def prefill_token_counts(max_tokens: int) -> list[int]:
-    counts = [8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+def _up_to(counts: list[int], max_tokens: int) -> list[int]:
+    """The counts a step of max_tokens can use (the smallest graph always)."""
     return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
+
+
+def prefill_token_counts(max_tokens: int) -> list[int]:
+    return _up_to([8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048], max_tokens)
 
 
 def verify_token_counts(max_tokens: int) -> list[int]:
@@ -47,8 +51,8 @@ def verify_token_counts(max_tokens: int) -> list[int]:
     drafts, and every padding token runs through every layer. On the coarse prefill ladder
     256 requests with a handful of drafts ran as 384 tokens: 12.76 ms a replay against the
     decode graph's 8.53 on a random 8B (H100, benchmarks/bench_graph_sizes.py)."""
-    counts = [8, *range(16, 513, 16), *range(544, 1025, 32), 1280, 1536, 1792, 2048]
-    return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
+    return _up_to([8, *range(16, 513, 16), *range(544, 1025, 32), 1280, 1536, 1792, 2048],
+                  max_tokens)
 
 
 class StepGraphs:

@@ -179,13 +179,13 @@ def load_tokenizer(model: str = "default"):
     if model.startswith("synthetic:"):
         model = "default"
     model_dir = resolve_model_dir(model, need_weights=False)
-    if model_dir.parent == cache_root():  # converted from a GGUF here (convert_gguf)
-        # a GGUF's text is its tokens' bytes, as llama.cpp decodes them (no "clean-up" of the
-        # spaces before punctuation); a converted config that does not say so gets some
-        # transformers versions' default, True, whose Python decode costs ~3x the Rust one
-        # on the engine's hot path (guided/detokenizer.py)
-        return AutoTokenizer.from_pretrained(str(model_dir), clean_up_tokenization_spaces=False)
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    # converted from a GGUF here (convert_gguf): a GGUF's text is its tokens' bytes, as
+    # llama.cpp decodes them (no "clean-up" of the spaces before punctuation); a converted
+    # config that does not say so gets some transformers versions' default, True, whose Python
+    # decode costs ~3x the Rust one on the engine's hot path (guided/detokenizer.py)
+    options = ({"clean_up_tokenization_spaces": False} if model_dir.parent == cache_root()
+               else {})
+    return AutoTokenizer.from_pretrained(str(model_dir), **options)
 
 
 def load_model_config(model: str) -> ModelConfig:
