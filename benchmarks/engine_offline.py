@@ -23,6 +23,7 @@ from common import add_offline_args
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine import Engine
+from guided.step_times import StepTimes
 
 
 class GcTimer:
@@ -79,7 +80,7 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
         engine.add_request(f"{tag}{i}", prompt, params_for(row, limit, free))
     t_added = time.perf_counter()
     num_calls = 0
-    by_batch = BatchTimes()
+    by_batch = BatchTimes(engine.step_times)
     while engine.has_unfinished_requests():
         num_calls += 1
         with by_batch.step(len(engine.scheduler.running)):
@@ -101,27 +102,43 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
 
 class BatchTimes:
     """The loop's calls by how many requests were running: where a mode's time goes, the full
-    batch or the tail of a few long requests (a step's fixed costs show in the tail)."""
+    batch or the tail of a few long requests (a step's fixed costs show in the tail). The
+    phases of the calls with the most running (above the last edge) are kept apart too: the
+    run's means mix the full batch with the tail."""
     EDGES = (4, 16, 64)
 
-    def __init__(self):
+    def __init__(self, times: StepTimes | None = None):
         self.calls = [0] * (len(self.EDGES) + 1)
         self.seconds = [0.0] * (len(self.EDGES) + 1)
+        self._times = times
+        self.full_phases: dict[str, float] = {}  # seconds per phase, calls above the last edge
 
     @contextlib.contextmanager
     def step(self, num_running: int):
         k = sum(num_running > edge for edge in self.EDGES)
+        full = k == len(self.EDGES) and self._times is not None
+        before = dict(self._times.seconds) if full else None
         t0 = time.perf_counter()
         yield
         self.calls[k] += 1
         self.seconds[k] += time.perf_counter() - t0
+        if full:
+            for name, total in self._times.seconds.items():
+                self.full_phases[name] = (self.full_phases.get(name, 0.0) + total
+                                          - before.get(name, 0.0))
 
     def summary(self) -> str:
         lows = (1, *(edge + 1 for edge in self.EDGES))
         highs = (*(str(edge) for edge in self.EDGES), "")
-        return " | by running: " + ", ".join(
+        text = " | by running: " + ", ".join(
             f"{lo}-{hi} {n} calls {s * 1e3:.0f} ms"
             for lo, hi, n, s in zip(lows, highs, self.calls, self.seconds) if n)
+        num_full = self.calls[-1]
+        if num_full and self.full_phases:
+            text += f" | per call above {self.EDGES[-1]} running: " + ", ".join(
+                f"{name} {1e3 * s / num_full:.2f} ms"
+                for name, s in sorted(self.full_phases.items()) if s >= 5e-5 * num_full)
+        return text
 
 
 def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) -> str:
