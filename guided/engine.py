@@ -8,17 +8,17 @@ import random
 import time
 
 from guided.config import EngineConfig
-from guided.detokenizer import detokenize_step, fast_decode, find_stop
+from guided.detokenizer import fast_decode
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import NUM_CPUS, Bans
 from guided.fsm.jump_forward import CachedEncoder
-from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked, note_json_token
+from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
 from guided.heap import freeze_startup_heap, thaw_heap
-from guided.outputs import EngineStats, RequestOutput, TokenLogprob
+from guided.outputs import EngineStats, RequestOutput
 from guided.overlap import OverlappedSteps
 from guided.params import SamplingParams
 from guided.prompts import eos_token_ids, prompt_token_ids
@@ -27,6 +27,7 @@ from guided.scheduler.block_manager import BlockManager
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
+from guided.token_append import append_tokens
 from guided.worker import loader
 from guided.worker.model_runner import ModelRunner, resolve_device
 
@@ -249,12 +250,8 @@ class Engine:
                 if keep_cache:
                     self.scheduler.commit_computed(request, base)
                 continue
-            if multi_step:
-                num_appended = 0
-                for token in tokens:  # tokens past a finish are dropped
-                    num_appended += 1
-                    if self._append_token(request, token, None):
-                        break
+            if multi_step:  # tokens past a finish are dropped
+                num_appended = self._append(request, tokens, None)
                 if not request.is_finished:  # all but the last token were fed to the model
                     self.scheduler.commit_computed(request, base + num_appended - 1)
                     self.scheduler.trim_blocks(request)
@@ -268,18 +265,21 @@ class Engine:
                 self.step_times.count("anchor_hits")
             # used now; the proposal below makes the next ones
             request.draft_token_ids, request.draft_anchor = [], None
-            num_matched = 0
+            # the tokens that stand: each row after a draft its previous row's token matched
+            stand = 1
+            while stand < len(tokens) and tokens[stand - 1] == drafts[stand - 1]:
+                stand += 1
             missed = False
-            for j, token in enumerate(tokens):
-                if item.lazy_mask and not request.accept_committed(token):
-                    missed = True  # sampled unmasked, outside the grammar: sampled again masked
-                    break
-                if self._append_token(request, token, lps[j], accepted=item.lazy_mask):
-                    break
-                if j < len(drafts) and token == drafts[j]:
-                    num_matched += 1  # the draft's K/V, computed this step, is now valid
-                else:
-                    break
+            if item.lazy_mask:  # sampled unmasked: one outside the grammar is sampled again
+                for j in range(stand):
+                    if not request.accept_committed(tokens[j]):
+                        missed, stand = True, j
+                        break
+            num_appended = self._append(request, tokens[:stand], lps, accepted=item.lazy_mask)
+            # a matched draft's K/V, computed this step, is now valid; an appended token that
+            # finished the request does not count
+            ended = request.is_finished and request.finish_reason != "error"
+            num_matched = min(num_appended - ended, stand - 1 + missed)
             request.metrics.jump_forward_tokens += num_matched
             self.stats_totals.jump_forward_tokens_total += num_matched
             if not missed:  # a miss says nothing of the drafts (a masked row may have kept them)
@@ -309,45 +309,26 @@ class Engine:
         if self._drafts is not None:
             self._drafts.finish(self.step_times)
 
-    def _append_token(self, request: Request, token: int, logprob, *,
-                      accepted: bool = False) -> bool:
-        """Append one sampled token (accepted: its matchers have it already); True if the
-        request finished."""
-        params = request.params
-        if request.matcher is not None and not accepted and not request.accept_committed(token):
-            request.error_type = "internal"
-            self._finish(request, "error", error=f"the grammar rejected sampled token {token}")
-            return True
-        request.output_token_ids.append(token)
-        if request.json_string is not None:
-            note_json_token(request, self.compiler.vocab.token_bytes[token])
-        if request.metrics.first_token_time is None:
-            request.metrics.first_token_time = time.time()
-        self.stats_totals.generation_tokens_total += 1
-        if request.logprobs is not None and logprob is not None:
-            request.logprobs.append(TokenLogprob(token, logprob[0], logprob[1]))
-        self._changed[request.request_id] = request
-        if token in request.eos_token_ids or token in (params.stop_token_ids or ()):
-            self._finish(request, "stop", stop_reason=token)
-            return True
-        checked = len(request.text)
-        detokenize_step(self._decode, request, params.skip_special_tokens)
-        if params.stop_list:
-            hit = find_stop(request.text, params.stop_list, checked)
-            if hit is not None:
-                request.text = request.text[:hit[0]]
-                self._finish(request, "stop", stop_reason=hit[1])
-                return True
-        if request.matcher is not None and request.matcher.ended_with(token):
-            self._finish(request, "stop")
-            return True
-        if len(request.output_token_ids) >= request.max_tokens:
-            self._finish(request, "length")
-            return True
-        if request.num_tokens >= self.max_model_len:
-            self._finish(request, "length")
-            return True
-        return False
+    def _append(self, request: Request, tokens: list[int], logprobs: list | None, *,
+                accepted: bool = False) -> int:
+        """Appends a row's tokens (accepted: its matchers hold them already); returns how many
+        were appended (tokens past a finish are dropped)."""
+        num, finish = append_tokens(request, tokens, logprobs, accepted=accepted,
+                                    decode=self._decode,
+                                    token_bytes=self.compiler.vocab.token_bytes
+                                    if request.json_string is not None else (),
+                                    max_model_len=self.max_model_len)
+        if num:
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = time.time()
+            self.stats_totals.generation_tokens_total += num
+            self._changed[request.request_id] = request
+        if finish is not None:
+            if finish.reason == "error":
+                request.error_type = "internal"
+            self._finish(request, finish.reason, error=finish.error,
+                         stop_reason=finish.stop_reason)
+        return num
 
     def _finish(self, request: Request, reason: str, *, error: str | None = None,
                 stop_reason=None) -> None:
