@@ -106,8 +106,7 @@ def note_json_token(request: Request, token_bytes: bytes) -> None:
     """A JSON request's committed token: one that opens or closes a string (even one that
     closes a string and opens the next, as `", "` does) ends its lazy run."""
     request.json_string, crossed = _scan(request.json_string, token_bytes)
-    if request.json_utf8 or not token_bytes.isascii():
-        request.json_utf8 = utf8_pending(request.json_utf8, token_bytes)
+    request.json_utf8 = utf8_pending(request.json_utf8, token_bytes)
     if crossed:
         request.mask_wide = False
 

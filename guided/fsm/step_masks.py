@@ -85,7 +85,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     # filled: a slice assignment a row costs ~4 us (120 rows 0.45 ms on a CPU, 300 rows at
     # once 35 us; RESULTS, session 16)
     open_all = False
-    lazy_banned: Bans = {}  # a lazy row allows what its ban keeps: written after the fill
+    bans: Bans = {}
     for item in sched.scheduled:
         request = item.request
         if not item.masked:
@@ -97,8 +97,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             open_all = True
             times.count("mask_rows_lazy", num_rows)
             ban = lazy_row_ban(request, num_rows)
-            if ban is not None:
-                lazy_banned.setdefault(id(ban), (ban, []))[1].extend(range(row, row + num_rows))
+            if ban is not None:  # ANDed on the device with the other rows' bans
+                bans.setdefault(id(ban), (ban, []))[1].extend(range(row, row + num_rows))
             row += num_rows
             continue
         ahead = None if prefetch is None else prefetch.take(request.request_id,
@@ -119,18 +119,12 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         row += num_rows
     if open_all:
         bitmask.fill_(-1)
-    if lazy_banned:  # ~20 us for 100 rows on a CPU: cheaper than ANDing them on the device
-        words = bitmask.numpy()
-        for ban, rows in lazy_banned.values():
-            keep = ban.keep_words.numpy()
-            words[rows, :keep.shape[0]] = keep
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
     # the walk over the rows (lazy and voided rows set, prefetched rows taken and copied),
     # timed by hand: a phase would indent the loop for a benchmark's sake
     times.seconds["mask_fill: row setup (part)"] += time.perf_counter() - started
-    bans: Bans = {}
     heavy = []
     if any(request.matcher.heavy for request, _, _ in entries):
         heavy = [entry for entry in entries if entry[0].matcher.heavy]
