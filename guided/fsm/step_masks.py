@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
-from guided.fsm.lazy_masks import lazy_row_ban, mark_wide, samples_unmasked
+from guided.fsm.lazy_masks import mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.fsm.side_fill import finish_side_fills, start_side_fills
@@ -85,7 +85,6 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     # filled: a slice assignment a row costs ~4 us (120 rows 0.45 ms on a CPU, 300 rows at
     # once 35 us; RESULTS, session 16)
     open_all = False
-    bans: Bans = {}
     for item in sched.scheduled:
         request = item.request
         if not item.masked:
@@ -96,9 +95,6 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             item.lazy_mask = True  # sampled unmasked, checked by the update
             open_all = True
             times.count("mask_rows_lazy", num_rows)
-            ban = lazy_row_ban(request, num_rows)
-            if ban is not None:  # ANDed on the device with the other rows' bans
-                bans.setdefault(id(ban), (ban, []))[1].extend(range(row, row + num_rows))
             row += num_rows
             continue
         ahead = None if prefetch is None else prefetch.take(request.request_id,
@@ -125,6 +121,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     # the walk over the rows (lazy and voided rows set, prefetched rows taken and copied),
     # timed by hand: a phase would indent the loop for a benchmark's sake
     times.seconds["mask_fill: row setup (part)"] += time.perf_counter() - started
+    bans: Bans = {}
     heavy = []
     if any(request.matcher.heavy for request, _, _ in entries):
         heavy = [entry for entry in entries if entry[0].matcher.heavy]
