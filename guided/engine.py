@@ -275,6 +275,9 @@ class Engine:
                     if not request.accept_committed(tokens[j]):
                         missed, stand = True, j
                         break
+                    if request.matcher.ended_with(tokens[j]):  # nothing after it is fed
+                        stand = j + 1
+                        break
             num_appended = self._append(request, tokens[:stand], lps, accepted=item.lazy_mask)
             # a matched draft's K/V, computed this step, is now valid; an appended token that
             # finished the request does not count
