@@ -95,6 +95,10 @@ class EngineConfig:
     # model +5% at 64, +11% at 256; random 8B -3% at 64, +1% at 256 (RESULTS, session 12)
     lazy_masks: bool | None = None
     lazy_mask_min_allowed: float = 0.5
+    # a row sampled unmasked also brings back its best tokens in the sampler's order; the
+    # first the grammar takes is the masked sample (kernels/candidates.py), so a token outside
+    # costs the request the step in flight only, not that and a step run again. 0: off
+    lazy_mask_candidates: int = 8
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -132,6 +136,8 @@ class EngineConfig:
              "lookup_max_batch must be >= 0 (or None)", "lookup_max_batch")
         need(self.min_anchor_gain == self.min_anchor_gain, "min_anchor_gain must be a number",
              "min_anchor_gain")
+        need(0 <= self.lazy_mask_candidates <= 64, "lazy_mask_candidates must lie in [0, 64]",
+             "lazy_mask_candidates")
         need(0.0 <= self.lazy_mask_min_allowed <= 1.0, "lazy_mask_min_allowed must lie in [0, 1]",
              "lazy_mask_min_allowed")
         need(self.mask_processes is None or 0 <= self.mask_processes <= 64,

@@ -13,7 +13,7 @@ from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import NUM_CPUS, Bans
 from guided.fsm.jump_forward import CachedEncoder
-from guided.fsm.lazy_masks import OUTSIDE, LazyGate, may_sample_unmasked
+from guided.fsm.lazy_masks import OUTSIDE, LazyGate, accept_unmasked_row, may_sample_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
 from guided.fsm.step_masks import fill_step_masks, start_step_masks
@@ -81,7 +81,8 @@ class Engine:
                 sched, bitmask, num_threads=config.mask_threads, times=self.step_times,
                 shards=self._shards, segment=self.runner.bitmask_segment(bitmask),
                 lazy_min_allowed=self._lazy_min_allowed),
-            update=lambda sched, result: self._update(sched, result.sampled, result.logprobs),
+            update=lambda sched, result: self._update(sched, result.sampled, result.logprobs,
+                                                      result.candidates),
             ask_drafts=self._ask_drafts, propose=self._propose,
             concurrent_masks=config.concurrent_masks,
         ) if self.overlap else None
@@ -201,7 +202,7 @@ class Engine:
                                          lambda bitmask: self._fill_masks(sched, bitmask))
             self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
-                self._update(sched, result.sampled, result.logprobs)
+                self._update(sched, result.sampled, result.logprobs, result.candidates)
             self._ask_drafts()
             self._propose()
             if self._shards is None and any(r.matcher is not None for r in self.scheduler.running):
@@ -231,11 +232,14 @@ class Engine:
                                    lazy_min_allowed=self._lazy_min_allowed)
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
-                *, multi_step: bool = False) -> None:
-        """multi_step: a request's tokens come from consecutive decode steps, not drafts."""
+                candidates: dict[int, dict[int, list[int]]] | None = None, *,
+                multi_step: bool = False) -> None:
+        """multi_step: a request's tokens come from consecutive decode steps, not drafts.
+        candidates: rows sampled unmasked, their best tokens (RunnerOutput.candidates)."""
+        candidates = candidates or {}
         num_passes = len(sampled[0]) if multi_step else 1
         self.stats_totals.forward_passes_total += num_passes
-        for item, tokens, lps in zip(sched.scheduled, sampled, logprobs):
+        for b, (item, tokens, lps) in enumerate(zip(sched.scheduled, sampled, logprobs)):
             request = item.request
             if item.voided:  # it assumed drafts its previous step rejected
                 self.step_times.count("voided_rows")
@@ -269,15 +273,11 @@ class Engine:
             stand = 1
             while stand < len(tokens) and tokens[stand - 1] == drafts[stand - 1]:
                 stand += 1
-            missed = False
-            if item.lazy_mask:  # sampled unmasked: one outside the grammar is sampled again
-                for j in range(stand):
-                    if not request.accept_committed(tokens[j]):
-                        missed, stand = True, j
-                        break
-                    if request.matcher.ended_with(tokens[j]):  # nothing after it is fed
-                        stand = j + 1
-                        break
+            missed = replaced = False
+            if item.lazy_mask:  # sampled unmasked: one outside the grammar is replaced
+                checked = accept_unmasked_row(request, tokens, stand, candidates.get(b))
+                tokens, stand, missed, replaced = (checked.tokens, checked.stand,
+                                                   checked.missed, checked.replaced)
             num_appended = self._append(request, tokens[:stand], lps, accepted=item.lazy_mask)
             # a matched draft's K/V, computed this step, is now valid; an appended token that
             # finished the request does not count
@@ -289,11 +289,12 @@ class Engine:
                 note_verified(request, item, drafts, num_matched, self.anchor_payoff)
             if request.is_finished:
                 continue
-            if missed:  # the step in flight ran on that sample: voided
-                self.step_times.count("lazy_misses")
+            if missed or replaced:  # the step in flight ran on that sample: voided
+                self.step_times.count("lazy_misses" if missed else "lazy_replaced")
                 request.mask_wide = False
             self.scheduler.settle_in_flight(
-                request, kept_all_drafts=num_matched == len(drafts) and not missed)
+                request, kept_all_drafts=num_matched == len(drafts) and not missed
+                and not replaced)
             if keep_cache:  # a missed position's input runs again, for its logits
                 self.scheduler.commit_computed(request, base + num_matched - missed)
                 self.scheduler.trim_blocks(request)

@@ -132,7 +132,8 @@ class OverlappedSteps:
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
                 bitmask: torch.Tensor | None, bans: Bans | None = None) -> SampledStep:
-        sampled = self._runner.sample(launched[1], bitmask, bans)
+        sampled = self._runner.sample(launched[1], bitmask, bans,
+                                      [item.lazy_mask for item in launched[0].scheduled])
         self._sampled = (launched[0], sampled)
         return sampled
 

@@ -20,6 +20,7 @@ from guided.fsm.lazy_masks import (
     INSIDE,
     OUTSIDE,
     LazyGate,
+    accept_unmasked_row,
     json_string_state,
     mark_wide,
     note_json_token,
@@ -92,8 +93,11 @@ def test_lazy_masks_keep_outputs_and_recover_from_misses(engines, which):
         [e.logprob for e in want[4].logprobs], abs=1e-3)
     check_valid(got, params)
     counts = lazy.engine.step_times.counts
-    # rows went unmasked, some samples fell outside the grammar and were sampled again
-    assert counts["mask_rows_lazy"] > 0 and counts["lazy_misses"] > 0
+    print(dict(counts))
+    # rows went unmasked; some samples fell outside the grammar: most were replaced by one of
+    # their candidates, the rest (no candidate allowed: narrow rows) sampled again
+    assert counts["mask_rows_lazy"] > 0 and counts["lazy_replaced"] > 0
+    assert counts["lazy_misses"] > 0
     assert lazy.engine.stats().kv_blocks_in_use == 0
 
 
@@ -193,6 +197,9 @@ class _Matcher:
     def rollback(self, n):
         del self.tokens[len(self.tokens) - n:]
 
+    def ended_with(self, token):
+        return token == 0  # the test's stop token
+
 
 def test_accept_committed_leaves_both_matchers_in_step_when_one_rejects():
     request = Request("r", [1], SamplingParams(), 0, (), 8)
@@ -200,3 +207,31 @@ def test_accept_committed_leaves_both_matchers_in_step_when_one_rejects():
     assert request.accept_committed(5)
     assert not request.accept_committed(7)
     assert request.matcher.tokens == request.draft_matcher.tokens == [5]
+
+
+def test_an_unmasked_row_takes_the_first_allowed_candidate_of_a_token_outside():
+    def request(rejects):
+        r = Request("r", [1], SamplingParams(), 0, (), 8)
+        r.matcher = r.draft_matcher = _Matcher(rejects)
+        return r
+
+    # all stand
+    r = request({9})
+    row = accept_unmasked_row(r, [5, 6, 4], 3, {})
+    assert (row.tokens, row.stand, row.missed, row.replaced) == ([5, 6, 4], 3, False, False)
+    # the second token lies outside: its first allowed candidate takes its place, the token
+    # after it (conditioned on the one replaced) does not stand
+    r = request({9, 3})
+    row = accept_unmasked_row(r, [5, 9, 4], 3, {1: [9, 3, 8, 2]})
+    assert (row.tokens[:row.stand], row.missed, row.replaced) == ([5, 8], False, True)
+    assert r.matcher.tokens == [5, 8]
+    # no candidate allowed (or none at all): a miss, the matcher holds what stood before it
+    for candidates in ({1: [9, 3]}, {}, None):
+        r = request({9, 3})
+        row = accept_unmasked_row(r, [5, 9, 4], 3, candidates)
+        assert (row.stand, row.missed, row.replaced) == (1, True, False)
+        assert r.matcher.tokens == [5]
+    # a token that ends the grammar: nothing after it is fed
+    r = request(set())
+    row = accept_unmasked_row(r, [5, 0, 4], 3, {})
+    assert row.stand == 2 and r.matcher.tokens == [5, 0]

@@ -107,3 +107,31 @@ def note_json_token(request: Request, token_bytes: bytes) -> None:
     request.json_string, crossed = _scan(request.json_string, token_bytes)
     if crossed:
         request.mask_wide = False
+
+
+@dataclass(slots=True)
+class CheckedRow:
+    """A row sampled unmasked, checked against the grammar (accept_unmasked_row)."""
+    tokens: list[int]  # the sampled tokens, the one outside replaced by its candidate
+    stand: int  # how many of them stand (were accepted)
+    missed: bool = False  # a token lay outside and none of its candidates was allowed
+    replaced: bool = False  # a token lay outside and a candidate took its place
+
+
+def accept_unmasked_row(request: Request, tokens: list[int], stand: int,
+                        candidates: dict[int, list[int]] | None) -> CheckedRow:
+    """Feeds the matchers a lazy row's tokens, up to `stand` (those after matched drafts) and
+    no further than one that ends the grammar. A token outside the grammar is replaced by the
+    first of its candidates the grammar takes, the masked sample (kernels/candidates.py); the
+    tokens after it were conditioned on the one replaced and do not stand."""
+    for j in range(stand):
+        token = tokens[j]
+        if not request.accept_committed(token):
+            token = next((t for t in (candidates or {}).get(j, ())
+                          if t != tokens[j] and request.accept_committed(t)), None)
+            if token is None:
+                return CheckedRow(tokens, j, missed=True)
+            return CheckedRow([*tokens[:j], token], j + 1, replaced=True)
+        if request.matcher.ended_with(token):  # nothing after it is fed
+            return CheckedRow(tokens, j + 1)
+    return CheckedRow(tokens, stand)

@@ -72,18 +72,29 @@ class SampledStep:
         num_scheduled = len(self.inputs.query_lens)
         sampled: list[list[int]] = [[] for _ in range(num_scheduled)]
         logprobs: list[list] = [[] for _ in range(num_scheduled)]
+        candidates: dict[int, dict[int, list[int]]] = {}
         if self.samples is not None:
             out = self.samples.result()
-            for row, owner in enumerate(self.inputs.row_owner):
+            owners = self.inputs.row_owner
+            for row, owner in enumerate(owners):
                 sampled[owner].append(out.token_ids[row])
                 logprobs[owner].append(out.logprobs[row])
-        return RunnerOutput(sampled, logprobs)
+            if out.candidates:
+                first: dict[int, int] = {}
+                for row, owner in enumerate(owners):
+                    first.setdefault(owner, row)
+                for row, best in out.candidates.items():
+                    owner = owners[row]
+                    candidates.setdefault(owner, {})[row - first[owner]] = best
+        return RunnerOutput(sampled, logprobs, candidates)
 
 
 @dataclass(slots=True)
 class RunnerOutput:
     sampled: list[list[int]]  # per scheduled request: its sampled tokens (empty: no sampling)
     logprobs: list[list]  # per scheduled request: per sampled token (lp, top) or None
+    # per scheduled request sampled unmasked: its j-th sampled token's candidates, best first
+    candidates: dict[int, dict[int, list[int]]] = dataclasses.field(default_factory=dict)
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
@@ -285,7 +296,8 @@ class ModelRunner:
         if mask_job is not None:
             with self.times.phase("mask_wait"):
                 bans = mask_job.result()
-        step = self.sample(launched, bitmask_host, bans)
+        step = self.sample(launched, bitmask_host, bans,
+                           unmasked=[item.lazy_mask for item in sched.scheduled])
         with self.times.phase("sample_and_sync"):
             return step.result()
 
@@ -314,12 +326,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
-               bans: Bans | None = None) -> SampledStep:
+               bans: Bans | None = None, unmasked: list[bool] | None = None) -> SampledStep:
         """Queue the masked sampling and the copy of its ids to the host (not waited for).
-        bans: token bans the mask filler left to apply to the rows (here, on the device)."""
+        bans: token bans the mask filler left to apply to the rows (here, on the device).
+        unmasked: per scheduled request, whether its rows are sampled without their mask (lazy
+        masks); their best tokens come back too, for the host to pick the first the grammar
+        takes (kernels/candidates.py), except rows that report logprobs (the sampled token's)."""
         inputs = launched.inputs
         if launched.logits is None:
             return SampledStep(inputs, None)
+        candidate_rows = None
+        if unmasked and self.config.lazy_mask_candidates and any(unmasked):
+            wants_logprobs = inputs.rows.num_logprobs
+            candidate_rows = [row for row, owner in enumerate(inputs.row_owner)
+                              if unmasked[owner] and wants_logprobs[row] < 0]
         bitmask = mask_rows = None
         if bitmask_host is not None:
             with self.times.phase("mask_upload"):
@@ -330,7 +350,8 @@ class ModelRunner:
                                                                           non_blocking=True)
         with self.times.phase("sample_launch"):
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
-                                       vocab_size=self.vocab_size)
+                                       vocab_size=self.vocab_size, candidate_rows=candidate_rows,
+                                       num_candidates=self.config.lazy_mask_candidates)
         return SampledStep(inputs, samples)
 
     @torch.inference_mode()

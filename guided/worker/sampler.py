@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from guided.kernels.bitmask import apply_token_bitmask_, gumbel_noise_ref, masked_sample
+from guided.kernels.candidates import sample_candidates, scores_candidates
 from guided.worker.host_lists import list_tensor
 
 _MASK64 = (1 << 64) - 1
@@ -48,6 +49,8 @@ class SamplingRows:
 class SamplerOutput:
     token_ids: list[int]  # one per row
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]  # (sampled lp, top-k) per row
+    # rows sampled unmasked: their best tokens in the sampler's order, the sampled one first
+    candidates: dict[int, list[int]] | None = None
 
 
 def apply_penalties_(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -95,23 +98,28 @@ class DeviceSample:
     `token_ids` stays on the device for the next step's inputs (overlapped scheduling)."""
 
     def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int] | None,
-                 logprob_values: torch.Tensor | None, num_logprobs: list[int]):
+                 logprob_values: torch.Tensor | None, num_logprobs: list[int],
+                 candidate_rows: list[int] | None = None, candidates: torch.Tensor | None = None):
         self.token_ids = token_ids  # (N,) int64 on the device
         self._logprob_rows = logprob_rows
         self._logprob_values = logprob_values  # (len(rows), V) fp32 log-softmax, on the device
         self._num_logprobs = num_logprobs
+        self._candidate_rows = candidate_rows
+        self._host, self._host_candidates, self._ready = token_ids, candidates, None
         if token_ids.is_cuda:
-            self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-            self._host.copy_(token_ids, non_blocking=True)
+            self._host = _to_pinned(token_ids)
+            if candidates is not None:
+                self._host_candidates = _to_pinned(candidates)
             self._ready = torch.cuda.Event()
             self._ready.record()
-        else:
-            self._host, self._ready = token_ids, None
 
     def result(self) -> SamplerOutput:
         if self._ready is not None:
             self._ready.synchronize()
         token_ids = self._host.tolist()
+        candidates = None
+        if self._candidate_rows:
+            candidates = dict(zip(self._candidate_rows, self._host_candidates.tolist()))
         logprobs: list = [None] * len(token_ids)
         if self._logprob_rows:
             lps = self._logprob_values.cpu()
@@ -122,27 +130,43 @@ class DeviceSample:
                     vals, idx = torch.topk(lps[j], k)
                     top = list(zip(idx.tolist(), vals.tolist()))
                 logprobs[i] = (float(lps[j][token_ids[i]]), top)
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, candidates)
+
+
+def _to_pinned(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
-           mask_rows: torch.Tensor | None, *, vocab_size: int) -> SamplerOutput:
+           mask_rows: torch.Tensor | None, **kwargs) -> SamplerOutput:
     """sample_on_device, then its result on the host."""
-    return sample_on_device(logits, rows, bitmask, mask_rows, vocab_size=vocab_size).result()
+    return sample_on_device(logits, rows, bitmask, mask_rows, **kwargs).result()
 
 
 def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
-                     mask_rows: torch.Tensor | None, *, vocab_size: int) -> DeviceSample:
+                     mask_rows: torch.Tensor | None, *, vocab_size: int,
+                     candidate_rows: list[int] | None = None,
+                     num_candidates: int = 0) -> DeviceSample:
     """logits (N, V_logits) on the device; bitmask (M, W) int32 on the device or None;
-    mask_rows (N,) int32 row of bitmask per logits row (-1: unconstrained)."""
+    mask_rows (N,) int32 row of bitmask per logits row (-1: unconstrained). candidate_rows: rows
+    sampled unmasked, whose num_candidates best tokens come back too (kernels/candidates.py)."""
     device = logits.device
     temperature = list_tensor(rows.temperature, torch.float32).to(device, non_blocking=True)
     seeds = list_tensor(rows.seeds, torch.int64).to(device, non_blocking=True)
     wanted = [i for i, k in enumerate(rows.num_logprobs) if k >= 0]
     # log-probabilities of the raw model distribution (as vLLM reports them)
     lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
+    picked = None
+    if candidate_rows and num_candidates:
+        picked = list_tensor(candidate_rows, torch.int64).to(device, non_blocking=True)
+    candidates = None
     if not rows.needs_slow_path:
         ids = masked_sample(logits, bitmask, mask_rows, temperature, seeds, vocab_size=vocab_size)
+        if picked is not None:
+            candidates = sample_candidates(logits, picked, temperature, seeds, k=num_candidates,
+                                           vocab_size=vocab_size)
     else:
         work = logits.float().clone()  # (N, V)
         apply_penalties_(work, rows)
@@ -155,4 +179,7 @@ def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Te
         noise = gumbel_noise_ref(seeds, work.shape[1])  # (N, V)
         noisy = torch.where(greedy[:, None], work, scaled + noise)
         ids = noisy.argmax(dim=-1)
-    return DeviceSample(ids, wanted, lps, rows.num_logprobs)
+        if picked is not None:  # penalties already in the scores (no filters: not unmasked)
+            candidates = scores_candidates(noisy, picked, k=num_candidates)
+    return DeviceSample(ids, wanted, lps, rows.num_logprobs,
+                        candidate_rows if picked is not None else None, candidates)
