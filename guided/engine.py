@@ -11,12 +11,12 @@ from guided.config import EngineConfig
 from guided.detokenizer import fast_decode
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
-from guided.fsm.bitmask_fill import NUM_CPUS, Bans
+from guided.fsm.bitmask_fill import NUM_CPUS
 from guided.fsm.jump_forward import CachedEncoder
 from guided.fsm.lazy_masks import OUTSIDE, LazyGate, accept_unmasked_row, may_sample_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards
-from guided.fsm.step_masks import fill_step_masks, start_step_masks
+from guided.fsm.step_masks import MaskFill, fill_step_masks, start_step_masks
 from guided.heap import freeze_startup_heap, thaw_heap
 from guided.outputs import EngineStats, RequestOutput
 from guided.overlap import OverlappedSteps
@@ -222,7 +222,7 @@ class Engine:
         request.metrics.compiled_time = time.time()
         request.metrics.compile_seconds = grammar.compile_seconds
 
-    def _fill_masks(self, sched: SchedulerOutput, bitmask) -> Bans:
+    def _fill_masks(self, sched: SchedulerOutput, bitmask) -> MaskFill:
         """Runs on the mask thread while the forward pass runs."""
         with self.step_times.phase("mask_fill (thread)"):  # overlaps the forward pass
             return fill_step_masks(sched, bitmask, num_threads=self.config.mask_threads,

@@ -28,7 +28,6 @@ from concurrent.futures import wait
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans
 from guided.fsm.step_masks import MaskFill
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
@@ -100,7 +99,7 @@ class OverlappedSteps:
                 with times.phase("mask_fill"):
                     fill = self._start_masks(launched[0], bitmask)
                 if not fill.in_progress:  # all filled here: sample now
-                    previous = self._sample(launched, bitmask, fill.bans)
+                    previous = self._sample(launched, bitmask, fill)
                     fill = None
                 # else mask shards or side threads fill the rest beside the proposals,
                 # scheduling, preparing
@@ -118,12 +117,12 @@ class OverlappedSteps:
             raise
         if fill is not None:
             with times.phase("mask_wait"):
-                bans = fill.wait()
-            previous = self._sample(launched, bitmask, bans)
+                fill.wait()
+            previous = self._sample(launched, bitmask, fill)
         if masks is not None:
             with times.phase("mask_wait"):
-                bans = masks.result()
-            previous = self._sample(launched, bitmask, bans)
+                filled = masks.result()
+            previous = self._sample(launched, bitmask, filled)
         if inputs is not None:
             self._launched = (sched, runner.launch(
                 inputs, None if previous is None else previous.token_ids))
@@ -131,8 +130,8 @@ class OverlappedSteps:
                 self._scheduler.launched(sched)
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
-                bitmask: torch.Tensor | None, bans: Bans | None = None) -> SampledStep:
-        sampled = self._runner.sample(launched[1], bitmask, bans,
+                bitmask: torch.Tensor | None, masks: MaskFill | None = None) -> SampledStep:
+        sampled = self._runner.sample(launched[1], bitmask, masks,
                                       [item.lazy_mask for item in launched[0].scheduled])
         self._sampled = (launched[0], sampled)
         return sampled
@@ -158,9 +157,11 @@ class OverlappedSteps:
                     placeholders)
         return sched, inputs
 
-    def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> Bans:
+    def _timed_fill(self, sched: SchedulerOutput, bitmask: torch.Tensor) -> MaskFill:
         with self._times.phase("mask_fill (thread)"):
-            return self._start_masks(sched, bitmask).wait()
+            fill = self._start_masks(sched, bitmask)
+            fill.wait()
+            return fill
 
     def drop(self) -> None:
         """After a failed step: forget the steps in flight. Their requests go back to their

@@ -19,6 +19,18 @@ from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 
 
+@dataclass(slots=True)
+class RowLayout:
+    """Which bitmask row each of the runner's mask rows was filled in."""
+    packed: list[int]  # the runner's mask row -> its filled row; -1: allows everything
+    num_rows: int  # rows filled, at the buffer's front
+
+    def mask_rows(self, runner_rows: list[int]) -> list[int]:
+        """Per sampled row (the runner's mask row, -1: unconstrained): the row to read."""
+        packed = self.packed
+        return [packed[r] if r >= 0 else -1 for r in runner_rows]
+
+
 @dataclass(eq=False)
 class MaskFill:
     """A step's rows: filled, or partly still being filled by mask shards."""
@@ -26,6 +38,7 @@ class MaskFill:
     bans: Bans  # token bans still to apply to the rows (on the device, after the copy)
     pending: PendingFill | None  # shards' rows to wait for
     num_threads: int
+    layout: RowLayout
     side: list[Future] | None = None  # heavy rows on side threads
     # lazy masks: (request, its last row) to measure once filled, and the share of the
     # vocabulary such a row must allow for the request's next rows to go unmasked
@@ -74,17 +87,18 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     (overlapped scheduling): those of requests that finished since the step was scheduled, of
     voided entries, and of drafts anchored on a token the previous step did not sample.
     lazy_min_allowed: with lazy masks (guided/fsm/lazy_masks.py), where each filled request's
-    last row is measured; the rows of a request sampled unmasked allow everything."""
+    last row is measured; the rows of a request sampled unmasked allow everything.
+
+    Rows that allow everything take no bitmask row: the sampler reads them as unconstrained
+    (fill.layout), and the rows filled are packed at the buffer's front, so a step with many
+    lazy rows neither sets nor copies theirs (a 128k vocabulary's row is 16 KB)."""
     started = time.perf_counter()
     entries: list = []  # (request, drafts, first row) still to fill
     last_rows: list[tuple[Request, int]] = []
     src: list[int] = []
     dst: list[int] = []
-    row = 0
-    # rows that allow everything are set by one fill of the whole buffer before any row is
-    # filled: a slice assignment a row costs ~4 us (120 rows 0.45 ms on a CPU, 300 rows at
-    # once 35 us; RESULTS, session 16)
-    open_all = False
+    packed: list[int] = []  # the runner's row -> the row filled for it, -1: allows everything
+    row = 0  # the next packed row
     for item in sched.scheduled:
         request = item.request
         if not item.masked:
@@ -93,28 +107,29 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         num_rows = len(drafts) + 1
         if lazy_min_allowed is not None and samples_unmasked(item):
             item.lazy_mask = True  # sampled unmasked, checked by the update
-            open_all = True
             times.count("mask_rows_lazy", num_rows)
-            row += num_rows
+            packed.extend([-1] * num_rows)
             continue
         ahead = None if prefetch is None else prefetch.take(request.request_id,
                                                              request.matcher, drafts)
         if request.is_finished or item.voided or request.matcher.is_terminated():
-            open_all = True
-        elif item.drafts_void:
-            open_all = open_all or num_rows > 1
+            packed.extend([-1] * num_rows)
+            continue
+        if item.drafts_void:  # only its first row stands
             entries.append((request, [], row))
             last_rows.append((request, row))
+            packed.append(row)
+            packed.extend([-1] * (num_rows - 1))
+            row += 1
+            continue
+        if ahead is not None:
+            src.extend(range(ahead, ahead + num_rows))
+            dst.extend(range(row, row + num_rows))
         else:
-            if ahead is not None:
-                src.extend(range(ahead, ahead + num_rows))
-                dst.extend(range(row, row + num_rows))
-            else:
-                entries.append((request, drafts, row))
-            last_rows.append((request, row + num_rows - 1))
+            entries.append((request, drafts, row))
+        last_rows.append((request, row + num_rows - 1))
+        packed.extend(range(row, row + num_rows))
         row += num_rows
-    if open_all:
-        bitmask.fill_(-1)
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))
@@ -138,7 +153,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
             times.count("mask_rows_shards", sum(len(d) + 1 for _, d, _ in remote))
     else:
         local = [(request.matcher, drafts, first) for request, drafts, first in entries]
-    fill = MaskFill(bitmask, bans, pending, num_threads, side,
+    fill = MaskFill(bitmask, bans, pending, num_threads, RowLayout(packed, row), side,
                     last_rows if lazy_min_allowed is not None else None,
                     lazy_min_allowed or 0.0)
     if local:
@@ -157,6 +172,8 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
     return fill
 
 
-def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, **kwargs) -> Bans:
-    """start_step_masks, waited for: every row filled. Returns the bans left to apply."""
-    return start_step_masks(sched, bitmask, **kwargs).wait()
+def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, **kwargs) -> MaskFill:
+    """start_step_masks, waited for: every row filled."""
+    fill = start_step_masks(sched, bitmask, **kwargs)
+    fill.wait()
+    return fill

@@ -12,7 +12,8 @@ from itertools import pairwise
 import torch
 
 from guided.config import EngineConfig
-from guided.fsm.bitmask_fill import Bans, apply_bans
+from guided.fsm.bitmask_fill import apply_bans
+from guided.fsm.step_masks import MaskFill
 from guided.kernels.bitmask import masked_sample
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
@@ -26,9 +27,9 @@ from guided.worker.sampler import DeviceSample, SamplingRows, position_seed, sam
 
 log = logging.getLogger(__name__)
 
-# fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows, in their order,
-# and returns the token bans left to apply (on the device)
-MaskFiller = Callable[[torch.Tensor], Bans]
+# fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows and returns the
+# filled masks: where each row went, and the token bans left to apply (on the device)
+MaskFiller = Callable[[torch.Tensor], "MaskFill"]
 
 
 @dataclass(slots=True)
@@ -292,11 +293,11 @@ class ModelRunner:
         if bitmask_host is not None:
             mask_job = self._mask_pool.submit(fill_masks, bitmask_host)
         launched = self.launch(inputs)
-        bans = None
+        masks = None
         if mask_job is not None:
             with self.times.phase("mask_wait"):
-                bans = mask_job.result()
-        step = self.sample(launched, bitmask_host, bans,
+                masks = mask_job.result()
+        step = self.sample(launched, bitmask_host, masks,
                            unmasked=[item.lazy_mask for item in sched.scheduled])
         with self.times.phase("sample_and_sync"):
             return step.result()
@@ -326,9 +327,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
-               bans: Bans | None = None, unmasked: list[bool] | None = None) -> SampledStep:
+               masks: MaskFill | None = None, unmasked: list[bool] | None = None
+               ) -> SampledStep:
         """Queue the masked sampling and the copy of its ids to the host (not waited for).
-        bans: token bans the mask filler left to apply to the rows (here, on the device).
+        masks: where the filler put each row (rows that allow everything: none), and the
+        token bans it left to apply (here, on the device).
         unmasked: per scheduled request, whether its rows are sampled without their mask (lazy
         masks); their best tokens come back too, for the host to pick the first the grammar
         takes (kernels/candidates.py), except rows that report logprobs (the sampled token's)."""
@@ -341,13 +344,16 @@ class ModelRunner:
             candidate_rows = [row for row, owner in enumerate(inputs.row_owner)
                               if unmasked[owner] and wants_logprobs[row] < 0]
         bitmask = mask_rows = None
+        rows = inputs.mask_rows
+        if masks is not None and bitmask_host is not None:
+            rows = masks.layout.mask_rows(rows)
+            bitmask_host = bitmask_host[:masks.layout.num_rows] if masks.layout.num_rows else None
         if bitmask_host is not None:
             with self.times.phase("mask_upload"):
                 bitmask = self._bitmasks.to_device(bitmask_host)
-                if bans:
-                    apply_bans(bitmask, bans)
-                mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(self.device,
-                                                                          non_blocking=True)
+                if masks is not None and masks.bans:
+                    apply_bans(bitmask, masks.bans)
+                mask_rows = list_tensor(rows, torch.int32).to(self.device, non_blocking=True)
         with self.times.phase("sample_launch"):
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
                                        vocab_size=self.vocab_size, candidate_rows=candidate_rows,
