@@ -39,8 +39,11 @@ def engines():
     common = {"num_kv_blocks": 160, "max_num_seqs": 8, "device": "cpu"}
     eager = LLM(async_scheduling=False, lazy_masks=False, **common)
     # every request unmasked after its first filled row, however narrow: many misses
-    lazy_sync = LLM(async_scheduling=False, lazy_masks=True, lazy_mask_min_allowed=0.0, **common)
-    lazy_overlap = LLM(async_scheduling=True, lazy_mask_min_allowed=0.0, **common)
+    # with candidates: a sample outside is mostly replaced by the first allowed candidate
+    lazy_sync = LLM(async_scheduling=False, lazy_masks=True, lazy_mask_min_allowed=0.0,
+                    lazy_mask_candidates=8, **common)
+    lazy_overlap = LLM(async_scheduling=True, lazy_mask_min_allowed=0.0, lazy_mask_candidates=8,
+                       **common)
     yield eager, lazy_sync, lazy_overlap
     for llm in (eager, lazy_sync, lazy_overlap):
         llm.engine.shutdown()
@@ -93,7 +96,6 @@ def test_lazy_masks_keep_outputs_and_recover_from_misses(engines, which):
         [e.logprob for e in want[4].logprobs], abs=1e-3)
     check_valid(got, params)
     counts = lazy.engine.step_times.counts
-    print(dict(counts))
     # rows went unmasked; some samples fell outside the grammar: most were replaced by one of
     # their candidates, the rest (no candidate allowed: narrow rows) sampled again
     assert counts["mask_rows_lazy"] > 0 and counts["lazy_replaced"] > 0
