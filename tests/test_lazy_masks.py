@@ -119,6 +119,8 @@ def test_wide_rows_only_at_the_default_bar(engines):
         counts = lazy.engine.step_times.counts
         assert counts["mask_rows_lazy"] > 0
         assert counts["lazy_misses"] <= 0.25 * counts["mask_rows_lazy"]
+        # inside strings they read the string ban's row (one a step, shared)
+        assert 0 < counts["mask_rows_banned"] <= counts["mask_rows_lazy"]
     finally:
         lazy.engine.shutdown()
 

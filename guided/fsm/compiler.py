@@ -142,10 +142,13 @@ class GrammarCompiler:
         else:
             compiled = xg.compile_grammar(spec.value)
         seconds = time.perf_counter() - start
-        ban = xg.json_ban() if spec.kind in ("json_schema", "json_object") else None
+        is_json = spec.kind in ("json_schema", "json_object")
+        ban = xg.json_ban() if is_json else None
+        string_ban = xg.json_string_ban() if is_json else None
         heavy = has_long_repetition(compiled)
         return CompiledGrammar(spec, seconds, "xgrammar",
-                               lambda: XGrammarMatcher(compiled, vocab, ban=ban, heavy=heavy))
+                               lambda: XGrammarMatcher(compiled, vocab, ban=ban,
+                                                       string_ban=string_ban, heavy=heavy))
 
     def _outlines_backend(self):
         from guided.fsm.backends.outlines_backend import OutlinesBackend

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from guided.fsm.bitmask_fill import allowed_counts
+from guided.fsm.string_ban import utf8_pending
 from guided.scheduler import policy
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest
@@ -105,8 +106,18 @@ def note_json_token(request: Request, token_bytes: bytes) -> None:
     """A JSON request's committed token: one that opens or closes a string (even one that
     closes a string and opens the next, as `", "` does) ends its lazy run."""
     request.json_string, crossed = _scan(request.json_string, token_bytes)
+    request.json_utf8 = utf8_pending(request.json_utf8, token_bytes)
     if crossed:
         request.mask_wide = False
+
+
+def lazy_row_ban(request: Request, num_rows: int):
+    """The ban a lazy row of the request carries, or None (it allows everything): inside a
+    JSON string, at a character boundary, the string ban (guided/fsm/string_ban.py: far fewer
+    samples outside the grammar). Rows after drafts are not scanned."""
+    if num_rows == 1 and request.json_string == INSIDE and not request.json_utf8:
+        return request.matcher.string_ban
+    return None
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
-from guided.fsm.lazy_masks import mark_wide, samples_unmasked
+from guided.fsm.lazy_masks import lazy_row_ban, mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
 from guided.fsm.side_fill import finish_side_fills, start_side_fills
@@ -91,13 +91,15 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
 
     Rows that allow everything take no bitmask row: the sampler reads them as unconstrained
     (fill.layout), and the rows filled are packed at the buffer's front, so a step with many
-    lazy rows neither sets nor copies theirs (a 128k vocabulary's row is 16 KB)."""
+    lazy rows neither sets nor copies theirs (a 128k vocabulary's row is 16 KB). Lazy rows
+    inside a JSON string all read one row, the string ban's (lazy_masks.lazy_row_ban)."""
     started = time.perf_counter()
     entries: list = []  # (request, drafts, first row) still to fill
     last_rows: list[tuple[Request, int]] = []
     src: list[int] = []
     dst: list[int] = []
     packed: list[int] = []  # the runner's row -> the row filled for it, -1: allows everything
+    ban_rows: dict[int, tuple[int, object]] = {}  # lazy rows' bans: id -> (its row, the ban)
     row = 0  # the next packed row
     for item in sched.scheduled:
         request = item.request
@@ -108,7 +110,15 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         if lazy_min_allowed is not None and samples_unmasked(item):
             item.lazy_mask = True  # sampled unmasked, checked by the update
             times.count("mask_rows_lazy", num_rows)
-            packed.extend([-1] * num_rows)
+            ban = lazy_row_ban(request, num_rows)
+            if ban is None:
+                packed.extend([-1] * num_rows)
+                continue
+            if id(ban) not in ban_rows:  # one row per ban, shared by the rows that carry it
+                ban_rows[id(ban)] = (row, ban)
+                row += 1
+            packed.append(ban_rows[id(ban)][0])
+            times.count("mask_rows_banned")
             continue
         ahead = None if prefetch is None else prefetch.take(request.request_id,
                                                              request.matcher, drafts)
@@ -130,6 +140,10 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         last_rows.append((request, row + num_rows - 1))
         packed.extend(range(row, row + num_rows))
         row += num_rows
+    for ban_row, ban in ban_rows.values():
+        words = ban.keep_words.shape[0]
+        bitmask[ban_row, :words] = ban.keep_words
+        bitmask[ban_row, words:] = -1
     if src:
         bitmask[torch.tensor(dst)] = prefetch.buffer[torch.tensor(src)]
         times.count("mask_rows_ahead", len(src))

@@ -63,6 +63,7 @@ class Request:
     # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
     mask_wide: bool = False
     json_string: int | None = None  # JSON requests: where its text stands (fsm/lazy_masks.py)
+    json_utf8: int = 0  # JSON requests: UTF-8 continuation bytes its text still owes
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None

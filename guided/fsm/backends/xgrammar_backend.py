@@ -15,6 +15,7 @@ from guided.errors import ConstraintError
 from guided.fsm.char_budgets import budget_long_repetitions, has_budget
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import check_schema, fix_optional_groups
+from guided.fsm.string_ban import json_string_banned
 from guided.fsm.vocab import TokenVocab
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class XGrammarBackend:
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
+        self._json_string_ban: TokenBan | None = None
 
     def json_ban(self) -> TokenBan:
         """The tokens JSON output may never contain: those with a raw control byte (JSON
@@ -78,12 +80,26 @@ class XGrammarBackend:
         JSON row because xgrammar 0.2.8's minLength / maxLength strings admit raw control
         characters."""
         if self._json_ban is None:
-            allowed = b"\t\n\r" if self.config.any_whitespace else b""
+            allowed = self._raw_controls()
             self._json_ban = token_ban(frozenset(
                 i for i, data in enumerate(self.vocab.token_bytes)
                 if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data)),
                 self.vocab.vocab_size)
         return self._json_ban
+
+    def _raw_controls(self) -> bytes:
+        """The control bytes JSON output may hold: whitespace, where whitespace is free."""
+        return b"\t\n\r" if self.config.any_whitespace else b""
+
+    def json_string_ban(self) -> TokenBan:
+        """json_ban and the tokens that cannot come next inside a JSON string at a character
+        boundary (guided/fsm/string_ban.py): what a lazy row there carries."""
+        if self._json_string_ban is None:
+            self._json_string_ban = token_ban(
+                self.json_ban().ids | json_string_banned(self.vocab.token_bytes,
+                                                         self._raw_controls()),
+                self.vocab.vocab_size)
+        return self._json_string_ban
 
     def json_options(self) -> dict:
         if self.config.any_whitespace:
@@ -137,10 +153,11 @@ class XGrammarBackend:
 
 class XGrammarMatcher(Matcher):
     __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled",
-                 "heavy")
+                 "heavy", "string_ban")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
-                 ban: TokenBan | None = None, heavy: bool = False):
+                 ban: TokenBan | None = None, string_ban: TokenBan | None = None,
+                 heavy: bool = False):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         # the C++ matcher itself for the calls the step loop makes per token, past xgrammar's
         # Python wrappers (an xgrammar without it fails here, in every matcher test)
@@ -150,6 +167,7 @@ class XGrammarMatcher(Matcher):
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None
+        self.string_ban = string_ban  # see Matcher.string_ban
         # whether a stop token was ever accepted: only then can the matcher be terminated. The
         # step loop asks ~300 times a step at 256 requests; each call into xgrammar lets go of
         # the GIL, which the mask and side threads then hold for a while
