@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # fill_masks(bitmask) fills the bitmask rows of the constrained sampled rows and returns the
 # filled masks: where each row went, and the token bans left to apply (on the device)
-MaskFiller = Callable[[torch.Tensor], "MaskFill"]
+MaskFiller = Callable[[torch.Tensor], MaskFill]
 
 
 @dataclass(slots=True)
