@@ -31,13 +31,8 @@ import torch
 from guided.fsm.step_masks import MaskFill
 from guided.scheduler.scheduler import Scheduler, SchedulerOutput
 from guided.step_times import StepTimes
-from guided.worker.model_runner import (
-    LaunchedStep,
-    ModelRunner,
-    RunnerOutput,
-    SampledStep,
-    StepInputs,
-)
+from guided.worker.model_runner import ModelRunner
+from guided.worker.step_io import LaunchedStep, RunnerOutput, SampledStep, StepInputs
 
 # starts filling a step's masks: filled here, or partly by mask shards still working
 StartMasks = Callable[[SchedulerOutput, torch.Tensor], MaskFill]
