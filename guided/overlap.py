@@ -126,10 +126,7 @@ class OverlappedSteps:
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
                 bitmask: torch.Tensor | None, masks: MaskFill | None = None) -> SampledStep:
-        unmasked = None
-        if self._runner.config.lazy_mask_candidates:  # their rows bring back candidates
-            unmasked = [item.lazy_mask for item in launched[0].scheduled]
-        sampled = self._runner.sample(launched[1], bitmask, masks, unmasked)
+        sampled = self._runner.sample(launched[1], bitmask, masks, launched[0])
         self._sampled = (launched[0], sampled)
         return sampled
 

@@ -10,8 +10,8 @@ argmax that the grammar allows is still the masked one) and leaves far fewer mis
 
 The scan is over what JSON permits, never over a schema: a token is banned only where its
 bytes break JSON's string syntax before anything a schema could decide. It assumes a
-character boundary; mid-character (after a lead byte) or after a backslash the engine uses
-the plain JSON ban."""
+character boundary; mid-character (after a lead byte) or after a backslash a lazy row carries
+no ban and allows everything (lazy_masks.lazy_row_ban)."""
 from __future__ import annotations
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")

@@ -231,8 +231,7 @@ class ModelRunner:
         if mask_job is not None:
             with self.times.phase("mask_wait"):
                 masks = mask_job.result()
-        step = self.sample(launched, bitmask_host, masks,
-                           unmasked=[item.lazy_mask for item in sched.scheduled])
+        step = self.sample(launched, bitmask_host, masks, sched)
         with self.times.phase("sample_and_sync"):
             return step.result()
 
@@ -261,19 +260,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
-               masks: MaskFill | None = None, unmasked: list[bool] | None = None
+               masks: MaskFill | None = None, sched: SchedulerOutput | None = None
                ) -> SampledStep:
         """Queue the masked sampling and the copy of its ids to the host (not waited for).
         masks: where the filler put each row (rows that allow everything: none), and the
         token bans it left to apply (here, on the device).
-        unmasked: per scheduled request, whether its rows are sampled without their mask (lazy
-        masks); their best tokens come back too, for the host to pick the first the grammar
-        takes (kernels/candidates.py), except rows that report logprobs (the sampled token's)."""
+        sched: the step's requests; with lazy_mask_candidates, the rows of those sampled
+        without their mask bring back their best tokens too, for the host to pick the first
+        the grammar takes (kernels/candidates.py), except rows that report logprobs (the
+        sampled token's)."""
         inputs = launched.inputs
         if launched.logits is None:
             return SampledStep(inputs, None)
         candidate_rows = None
-        if unmasked and self.config.lazy_mask_candidates and any(unmasked):
+        if sched is not None and self.config.lazy_mask_candidates:
+            unmasked = [item.lazy_mask for item in sched.scheduled]
             wants_logprobs = inputs.rows.num_logprobs
             candidate_rows = [row for row, owner in enumerate(inputs.row_owner)
                               if unmasked[owner] and wants_logprobs[row] < 0]
