@@ -54,12 +54,17 @@ def load(path: str, n: int) -> list[dict]:
     return rows[:n]
 
 
+# "final": only finished outputs, as an offline user (LLM.generate) or a non-streaming server
+# request asks; --output-kind cumulative: an output every step, as streaming requests get
+OUTPUT_KIND = {"kind": "final"}
+
+
 def params_for(row: dict, max_tokens: int, free: bool) -> SamplingParams:
     body = row.get("body", row)
     fmt = body.get("response_format") or {}
     schema = (fmt.get("json_schema") or {}).get("schema") if not free else None
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, json_schema=schema,
-                          ignore_eos=free)
+                          ignore_eos=free, output_kind=OUTPUT_KIND["kind"])
 
 
 def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: bool,
@@ -207,6 +212,7 @@ def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
         print(f"  round {k + 1}/{num_rounds}: constrained {constrained['tok_s']:.0f} tok/s, "
               f"free {free['tok_s']:.0f} tok/s, ratio {pairs[-1]['ratio']:.3f}",
               file=sys.stderr, flush=True)
+        print(f"    constrained {k + 1}: {constrained['phases']}", file=sys.stderr, flush=True)
     return pairs
 
 
@@ -223,7 +229,10 @@ def main() -> None:
                     help="with --paired: this many constrained / free pairs, and their medians")
     ap.add_argument("--lazy-ab", action="store_true",
                     help="with --rounds: every round also runs lazy masks off (same engine)")
+    ap.add_argument("--output-kind", choices=("final", "cumulative"), default="final",
+                    help="final: only finished outputs (offline use); cumulative: every step's")
     args = ap.parse_args()
+    OUTPUT_KIND["kind"] = args.output_kind
     options = {"model": args.model, "max_num_seqs": args.concurrency,
                "jump_forward": not args.no_jump_forward}
     options.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)})
@@ -235,8 +244,9 @@ def main() -> None:
             engine.set_lazy_masks(True)
         pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.lazy_ab)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
-              f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}: same prompts, "
-              f"same output lengths, {args.rounds} rounds\n")
+              f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}, "
+              f"{args.output_kind} outputs: same prompts, same output lengths, "
+              f"{args.rounds} rounds\n")
         print("| round | requests | tokens | constrained tok/s | free tok/s | ratio |")
         print("|---|---|---|---|---|---|")
         for k, p in enumerate(pairs):

@@ -21,19 +21,33 @@ def fast_decode(tokenizer) -> Decode:
     return rust.decode
 
 
-def detokenize_step(decode: Decode, request: Request, skip_special_tokens: bool) -> str:
-    """Append the text of the request's new output tokens to request.text; returns the delta."""
+def detokenize_step(decode: Decode, request: Request, skip_special_tokens: bool,
+                    end: int | None = None) -> str:
+    """Append the text of the request's new output tokens (up to `end`, else all) to
+    request.text; returns the delta."""
     ids = request.output_token_ids
+    end = len(ids) if end is None else end
     prefix = decode(ids[request.prefix_offset:request.read_offset],
                     skip_special_tokens=skip_special_tokens)
-    full = decode(ids[request.prefix_offset:], skip_special_tokens=skip_special_tokens)
+    full = decode(ids[request.prefix_offset:end], skip_special_tokens=skip_special_tokens)
     if len(full) <= len(prefix) or full.endswith("\ufffd"):
         return ""
     delta = full[len(prefix):]
     request.prefix_offset = request.read_offset
-    request.read_offset = len(ids)
+    request.read_offset = end
     request.text += delta
     return delta
+
+
+def detokenize_rest(decode: Decode, request: Request, skip_special_tokens: bool) -> None:
+    """The text of all the tokens not decoded yet, at once (a request that only wants its
+    final output), as steps of a token each would leave it: half a UTF-8 character at the end
+    (a byte-level token holds at least a byte of it, so at most 3 tokens) left out, not the
+    text before it."""
+    num = len(request.output_token_ids)
+    for end in range(num, max(request.read_offset, num - 4), -1):
+        if detokenize_step(decode, request, skip_special_tokens, end):
+            return
 
 
 def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:

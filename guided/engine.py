@@ -8,7 +8,7 @@ import random
 import time
 
 from guided.config import EngineConfig
-from guided.detokenizer import fast_decode
+from guided.detokenizer import detokenize_rest, fast_decode
 from guided.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.fsm.bitmask_fill import NUM_CPUS
@@ -165,6 +165,8 @@ class Engine:
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)
         if request is not None and not request.is_finished:
+            if not request.params.text_per_step:  # its text so far, as a finish makes it
+                detokenize_rest(self._decode, request, request.params.skip_special_tokens)
             self._finish(request, "abort")
 
     def has_unfinished_requests(self) -> bool:
@@ -326,7 +328,8 @@ class Engine:
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = time.time()
             self.stats_totals.generation_tokens_total += num
-            self._changed[request.request_id] = request
+            if request.params.output_kind == "cumulative":  # else its finish reports it
+                self._changed[request.request_id] = request
         if finish is not None:
             if finish.reason == "error":
                 request.error_type = "internal"

@@ -1,6 +1,7 @@
 """Offline API: LLM(model=..., **config).generate(prompts, params) / .chat(conversations, params)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -22,7 +23,9 @@ class LLM:
         """One RequestOutput per prompt, in order. Prompts are strings or lists of token ids."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = self._params_per_prompt(params, len(prompts))
+        # only the finished outputs are read: none made per step, the text decoded once
+        params_list = [dataclasses.replace(p, output_kind="final")
+                       for p in self._params_per_prompt(params, len(prompts))]
         ids = []
         try:
             for prompt, p in zip(prompts, params_list):

@@ -66,6 +66,10 @@ class SamplingParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # "cumulative": an output at every step that moves the request on (streaming); "final":
+    # only the finished one, its text decoded once at the end, not token by token (vLLM's
+    # FINAL_ONLY: the offline API and non-streaming requests, the step loop's host work smaller)
+    output_kind: str = "cumulative"
     stop_list: list[str] = field(init=False, default_factory=list)
 
     @property
@@ -101,6 +105,8 @@ class SamplingParams:
              "logprobs")
         need(isinstance(self.n, int) and 1 <= self.n <= 16, "n must lie in [1, 16]", "n")
         need(self.seed is None or isinstance(self.seed, int), "seed must be an integer", "seed")
+        need(self.output_kind in ("cumulative", "final"),
+             "output_kind must be 'cumulative' or 'final'", "output_kind")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         need(all(isinstance(s, str) for s in stops) and len(stops) <= 16,
              "stop must be a string or a list of at most 16 strings", "stop")
@@ -130,6 +136,12 @@ class SamplingParams:
                 raise ConstraintError("grammar must be a non-empty EBNF string")
             return ConstraintSpec("grammar", self.grammar)
         return None
+
+    @property
+    def text_per_step(self) -> bool:
+        """Whether the text is decoded as tokens arrive: for the outputs of every step, or
+        for stop strings, which are searched for in it."""
+        return self.output_kind == "cumulative" or bool(self.stop_list)
 
     @property
     def greedy(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from guided.detokenizer import Decode, detokenize_step, find_stop
+from guided.detokenizer import Decode, detokenize_rest, detokenize_step, find_stop
 from guided.fsm.lazy_masks import note_json_token
 from guided.outputs import TokenLogprob
 from guided.scheduler.request import Request
@@ -58,7 +58,11 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
         if n >= room:
             finish = Finish("length")
             break
+    # text_per_step off: the text waits for the finish, decoded at once (detokenize_rest)
+    per_step = params.text_per_step
     if not n:
+        if finish is not None and not per_step:
+            detokenize_rest(decode, request, params.skip_special_tokens)
         return 0, finish
     new = tokens[:n]
     output = request.output_token_ids
@@ -69,7 +73,10 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
                                 for t, lp in zip(new, logprobs) if lp is not None)
     # a stop token is kept in the ids but never decoded into the text
     output.extend(new[:-1] if on_stop_token else new)
-    if not on_stop_token or n > 1:
+    if not per_step:
+        if finish is not None:  # before the stop token joins the ids: it is never text
+            detokenize_rest(decode, request, params.skip_special_tokens)
+    elif not on_stop_token or n > 1:
         checked = len(request.text)
         detokenize_step(decode, request, params.skip_special_tokens)
         if params.stop_list:

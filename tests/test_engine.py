@@ -141,3 +141,38 @@ def test_multi_step_decode_equals_single_steps(llm):
         assert out.finish_reason == "stop" and isinstance(json.loads(out.text)["a"], int)
     finally:
         multi.engine.shutdown()
+
+
+def test_final_outputs_come_once_with_the_text_streaming_makes(llm):
+    """output_kind "final" (LLM.generate, non-streaming server requests): no output before the
+    finish, and the same tokens and text as a request that reports every step; an abort
+    reports the text of the tokens so far."""
+    import jsonschema
+
+    engine = llm.engine
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    ids = prompt_ids(llm)
+    seen: dict[str, list] = {"cum": [], "fin": []}
+    for kind, rid in (("cumulative", "cum"), ("final", "fin")):
+        engine.add_request(rid, ids, SamplingParams(max_tokens=40, temperature=0,
+                                                    json_schema=schema, output_kind=kind))
+    engine.add_request("cut", ids, SamplingParams(max_tokens=200, temperature=0,
+                                                  ignore_eos=True, output_kind="final"))
+    steps = 0
+    while any(r in engine.requests for r in ("cum", "fin")):
+        for out in engine.step():
+            seen.setdefault(out.request_id, []).append(out)
+        steps += 1
+    engine.abort_request("cut")
+    outs = engine.step()
+    cut = [o for o in outs if o.request_id == "cut"]
+    assert steps > 2 and len(seen["cum"]) > 2 and len(seen["fin"]) == 1
+    assert "cut" not in seen  # unfinished: nothing reported
+    final, cumulative = seen["fin"][0], seen["cum"][-1]
+    assert final.finished and cumulative.finished
+    assert final.token_ids == cumulative.token_ids and final.text == cumulative.text
+    jsonschema.validate(json.loads(final.text), schema)
+    assert len(cut) == 1 and cut[0].finish_reason == "abort" and cut[0].token_ids
+    assert cut[0].text == llm.tokenizer.decode(cut[0].token_ids, skip_special_tokens=True)

@@ -102,3 +102,30 @@ def test_a_token_the_grammar_rejects_ends_the_request_unappended(tok):
                               decode=fast_decode(tokenizer), token_bytes=token_bytes,
                               max_model_len=4096)
     assert n == 2 and finish.reason == "error" and request.output_token_ids == [5, 6]
+
+
+def test_final_outputs_are_decoded_once_at_the_finish(tok):
+    ids = _ids(tok, "Grüße aus 東京, again and again 🙂")
+    eos = tok[0].eos_token_id
+    request = _request(SamplingParams(output_kind="final", skip_special_tokens=False),
+                       eos=(eos,))
+    for token in ids[:-1]:  # token by token, as steps append them: no text yet
+        n, finish, calls = _append(tok, request, [token])
+        assert (n, finish, calls) == (1, None, 0)
+    assert request.text == ""
+    n, finish, calls = _append(tok, request, [ids[-1], eos, 42])
+    assert (n, finish) == (2, Finish("stop", eos))
+    assert calls > 0 and request.output_token_ids == [*ids, eos]
+    assert request.text == tok[0].decode(ids)  # the stop token is never text
+
+
+def test_final_outputs_reach_their_length_and_still_search_stop_strings(tok):
+    ids = _ids(tok, "one two three four five")
+    request = _request(SamplingParams(output_kind="final"), max_tokens=len(ids) - 1)
+    n, finish, _ = _append(tok, request, ids)
+    assert finish == Finish("length") and request.text == tok[0].decode(ids[:-1])
+    # a stop string is searched for in the text as it grows: that text is made every step
+    request = _request(SamplingParams(output_kind="final", stop=["three"]))
+    assert request.params.text_per_step
+    n, finish, _ = _append(tok, request, ids)
+    assert finish == Finish("stop", "three") and request.text == "one two "

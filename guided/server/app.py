@@ -170,6 +170,7 @@ class Server:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=req.repetition_penalty or 1.0,
+                output_kind="cumulative" if req.stream else "final",
                 **constraint))
             job.prompt_of.append(k)
 
