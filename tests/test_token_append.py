@@ -122,10 +122,10 @@ def test_final_outputs_are_decoded_once_at_the_finish(tok):
 def test_final_outputs_reach_their_length_and_still_search_stop_strings(tok):
     ids = _ids(tok, "one two three four five")
     request = _request(SamplingParams(output_kind="final"), max_tokens=len(ids) - 1)
-    n, finish, _ = _append(tok, request, ids)
+    _, finish, _ = _append(tok, request, ids)
     assert finish == Finish("length") and request.text == tok[0].decode(ids[:-1])
     # a stop string is searched for in the text as it grows: that text is made every step
     request = _request(SamplingParams(output_kind="final", stop=["three"]))
     assert request.params.text_per_step
-    n, finish, _ = _append(tok, request, ids)
+    _, finish, _ = _append(tok, request, ids)
     assert finish == Finish("stop", "three") and request.text == "one two "
