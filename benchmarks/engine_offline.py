@@ -73,6 +73,7 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
     list (the paired run forces the constrained run's lengths)."""
     t0 = time.perf_counter()
     engine.step_times.reset()
+    engine.runner.timeline.reset()
     GC.reset()
     refused, tokens = 0, 0
     lengths: dict[int, int] = {}
@@ -88,6 +89,7 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
     by_batch = BatchTimes(engine.step_times)
     while engine.has_unfinished_requests():
         num_calls += 1
+        engine.runner.timeline.call = num_calls
         with by_batch.step(len(engine.scheduler.running)):
             outputs = engine.step()
         for out in outputs:
@@ -101,7 +103,8 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
             "phases": engine.step_times.summary() + loop_time(engine, t_added - t0,
                                                               time.perf_counter() - t_added,
                                                               num_calls)
-            + by_batch.summary(),
+            + by_batch.summary()
+            + (device_waits(engine, by_batch) if engine.runner.timeline.enabled else ""),
             "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
 
 
@@ -117,16 +120,24 @@ class BatchTimes:
         self.seconds = [0.0] * (len(self.EDGES) + 1)
         self._times = times
         self.full_phases: dict[str, float] = {}  # seconds per phase, calls above the last edge
+        self.per_call: list[tuple[int, dict[str, float], dict[str, int]]] = []  # with a timeline
 
     @contextlib.contextmanager
     def step(self, num_running: int):
         k = sum(num_running > edge for edge in self.EDGES)
         full = k == len(self.EDGES) and self._times is not None
-        before = dict(self._times.seconds) if full else None
+        before = dict(self._times.seconds) if self._times is not None else None
+        counts = dict(self._times.counts) if self._times is not None else None
         t0 = time.perf_counter()
         yield
         self.calls[k] += 1
         self.seconds[k] += time.perf_counter() - t0
+        if self._times is not None:
+            self.per_call.append((num_running, {
+                name: total - before.get(name, 0.0) for name, total in self._times.seconds.items()
+                if total - before.get(name, 0.0) >= 5e-5}, {
+                name: n - counts.get(name, 0) for name, n in self._times.counts.items()
+                if n != counts.get(name, 0)}))
         if full:
             for name, total in self._times.seconds.items():
                 self.full_phases[name] = (self.full_phases.get(name, 0.0) + total
@@ -144,6 +155,21 @@ class BatchTimes:
                 f"{name} {1e3 * s / num_full:.2f} ms"
                 for name, s in sorted(self.full_phases.items()) if s >= 5e-5 * num_full)
         return text
+
+
+def device_waits(engine: Engine, by_batch: BatchTimes, n: int = 6) -> str:
+    """The device timeline's spans, then its n longest waits for a sampling launch, each with
+    the host's phases (ms) and counts in the loop call that launched it."""
+    timeline = engine.runner.timeline
+    text = f" | {timeline.summary()}"
+    for ms, call in timeline.longest_waits(n):
+        if not 0 < call <= len(by_batch.per_call):
+            continue
+        running, phases, counts = by_batch.per_call[call - 1]
+        text += (f" || wait {ms:.2f} ms at call {call} ({running} running): "
+                 + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(phases.items()))
+                 + "; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return text
 
 
 def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) -> str:

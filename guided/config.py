@@ -102,6 +102,9 @@ class EngineConfig:
     # 168-340 to 93-163 a run, but cost 0.25 ms of GPU a full step and the ratio fell (0.928,
     # 0.878 against 0.947, 0.933 without; RESULTS, session 19)
     lazy_mask_candidates: int = 0
+    # CUDA events at each forward pass and sampling, for the spans where the device waits on
+    # the host (guided/worker/device_timeline.py; benchmarks only: a few events a step)
+    device_timeline: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:

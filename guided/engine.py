@@ -276,7 +276,10 @@ class Engine:
             while stand < len(tokens) and tokens[stand - 1] == drafts[stand - 1]:
                 stand += 1
             missed = replaced = False
-            if item.lazy_mask:  # sampled unmasked: one outside the grammar is replaced
+            if item.late_mask:  # sampled without its rows (still filling): runs again
+                self.step_times.count("late_rows")
+                stand, missed = 0, True
+            elif item.lazy_mask:  # sampled unmasked: one outside the grammar is replaced
                 checked = accept_unmasked_row(request, tokens, stand, candidates.get(b))
                 tokens, stand, missed, replaced = (checked.tokens, checked.stand,
                                                    checked.missed, checked.replaced)
@@ -292,7 +295,8 @@ class Engine:
             if request.is_finished:
                 continue
             if missed or replaced:  # the step in flight ran on that sample: voided
-                self.step_times.count("lazy_misses" if missed else "lazy_replaced")
+                if not item.late_mask:
+                    self.step_times.count("lazy_misses" if missed else "lazy_replaced")
                 request.mask_wide = False
             self.scheduler.settle_in_flight(
                 request, kept_all_drafts=num_matched == len(drafts) and not missed

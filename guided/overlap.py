@@ -112,7 +112,7 @@ class OverlappedSteps:
             raise
         if fill is not None:
             with times.phase("mask_wait"):
-                fill.wait()
+                fill.wait(give_up=self._late_rows_policy(launched[1]), times=times)
             previous = self._sample(launched, bitmask, fill)
         if masks is not None:
             with times.phase("mask_wait"):
@@ -123,6 +123,13 @@ class OverlappedSteps:
                 inputs, None if previous is None else previous.token_ids))
             with times.phase("bookkeeping"):
                 self._scheduler.launched(sched)
+
+    @staticmethod
+    def _late_rows_policy(launched: LaunchedStep) -> Callable[[], bool] | None:
+        """When the heavy rows still filling give up: once the device has finished the
+        forward pass (its sampling would wait on them, and every step after it). On the CPU
+        the forward pass ran within the launch: the rows are waited for."""
+        return None if launched.forward_done is None else launched.device_waits
 
     def _sample(self, launched: tuple[SchedulerOutput, LaunchedStep],
                 bitmask: torch.Tensor | None, masks: MaskFill | None = None) -> SampledStep:

@@ -1,6 +1,7 @@
 """Heavy mask rows (a long counted repetition) filled on side threads, on the real default
 model on the CPU: the same tokens as with those rows filled inline, overlapped and synchronous,
-with and without mask shards; outputs valid."""
+with and without mask shards, and with every heavy row late (the step samples without it and
+the position runs again, reading the rows then); outputs valid."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import pytest
 
 from guided import LLM, SamplingParams
 from guided.fsm.backends import xgrammar_backend
+from guided.overlap import OverlappedSteps
 
 NOTE = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
                                          "note": {"type": "string", "maxLength": 300},
@@ -29,8 +31,9 @@ def run(llm: LLM) -> list:
     return llm.generate(prompts, params)
 
 
-@pytest.mark.parametrize("overlap,shards", [(True, 0), (False, 0), (True, 2)])
-def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards):
+@pytest.mark.parametrize("overlap,shards,late", [(True, 0, False), (False, 0, False),
+                                                (True, 2, False), (True, 0, True)])
+def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards, late):
     inline = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=overlap,
                  mask_processes=shards)
     try:
@@ -48,8 +51,13 @@ def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards):
             assert engine._shards.wait_ready(120), "the mask shards did not start"
             run(side)  # ships the light grammar to the shards
         engine.step_times.reset()
+        if late:  # the device never waits: a heavy row not filled at once is late
+            monkeypatch.setattr(OverlappedSteps, "_late_rows_policy",
+                                staticmethod(lambda launched: lambda: True))
         got = run(side)
         assert engine.step_times.counts["mask_rows_side"] > 0
+        if late:
+            assert engine.step_times.counts["late_rows"] > 0
         if shards:
             assert engine.step_times.counts["mask_rows_shards"] > 0
             assert not any(m.shard for m in engine._shards._mirrors.values())  # all released

@@ -176,6 +176,19 @@ def test_lazy_gate_turns_off_while_the_host_waits_on_the_device():
     assert step(3.0, 1.0) is False and gate.wait_ms > 0
 
 
+def test_lazy_gate_leaves_out_the_wait_for_heavy_rows():
+    """A step gives up on heavy rows once the device would wait on them (late rows): the
+    host's wait for them before that costs the device nothing, so it is no fill cost."""
+    times, gate = StepTimes(), LazyGate()
+    for _ in range(40):
+        times.seconds["sample_wait"] += 3e-3
+        times.seconds["mask_fill"] += 1e-3
+        times.seconds["mask_wait"] += 5e-3
+        times.seconds["mask_wait: side rows (part)"] += 4.5e-3
+        on = gate.observe(times)
+    assert not on and 1.2 < gate.fill_ms < 1.5  # a running mean of 1.5 ms, not 6
+
+
 def test_a_token_that_closes_a_string_and_opens_the_next_ends_a_lazy_run():
     request = Request("r", [1], SamplingParams(), 0, (), 8)
     request.json_string, request.mask_wide = INSIDE, True

@@ -39,7 +39,10 @@ class LazyGate:
     def observe(self, times: StepTimes) -> bool:
         """After a step: whether the next ones sample wide rows unmasked."""
         wait = times.seconds.get("sample_wait", 0.0)
-        fill = times.seconds.get("mask_fill", 0.0) + times.seconds.get("mask_wait", 0.0)
+        # the wait for heavy rows is left out: it ends before the device would wait on it
+        # (late rows, step_masks.MaskFill.wait)
+        fill = (times.seconds.get("mask_fill", 0.0) + times.seconds.get("mask_wait", 0.0)
+                - times.seconds.get("mask_wait: side rows (part)", 0.0))
         d_wait, d_fill = wait - self.last_wait, fill - self.last_fill
         self.last_wait, self.last_fill = wait, fill
         if d_wait >= 0 and d_fill >= 0:  # else the totals were reset: skip this step

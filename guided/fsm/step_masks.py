@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 import torch
@@ -13,9 +14,9 @@ from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
 from guided.fsm.lazy_masks import lazy_row_ban, mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
-from guided.fsm.side_fill import finish_side_fills, start_side_fills
+from guided.fsm.side_fill import SideFill, start_side_fill
 from guided.scheduler.request import Request
-from guided.scheduler.scheduler import SchedulerOutput
+from guided.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 from guided.step_times import StepTimes
 
 
@@ -31,6 +32,15 @@ class RowLayout:
         return [packed[r] if r >= 0 else -1 for r in runner_rows]
 
 
+@dataclass(slots=True)
+class SideRows:
+    """A heavy request's rows of this step, filled by a side thread (fsm/side_fill.py)."""
+    fill: SideFill
+    item: ScheduledRequest
+    first: int  # its first row in the step's bitmask
+    num_rows: int
+
+
 @dataclass(eq=False)
 class MaskFill:
     """A step's rows: filled, or partly still being filled by mask shards."""
@@ -39,7 +49,7 @@ class MaskFill:
     pending: PendingFill | None  # shards' rows to wait for
     num_threads: int
     layout: RowLayout
-    side: list[Future] | None = None  # heavy rows on side threads
+    side: list[SideRows] | None = None  # heavy rows on side threads
     # lazy masks: (request, its last row) to measure once filled, and the share of the
     # vocabulary such a row must allow for the request's next rows to go unmasked
     last_rows: list[tuple[Request, int]] | None = None
@@ -49,8 +59,15 @@ class MaskFill:
     def in_progress(self) -> bool:
         return self.pending is not None or self.side is not None
 
-    def wait(self) -> Bans:
-        """Every row filled; raises RuntimeError where a draft is rejected by its grammar."""
+    def wait(self, give_up: Callable[[], bool] | None = None,
+             times: StepTimes | None = None) -> Bans:
+        """Every row filled; raises RuntimeError where a draft is rejected by its grammar.
+        give_up: polled while heavy rows are still being filled; once it says so, those rows
+        are late: their requests are sampled without them (item.late_mask; the update drops
+        the sample and the position runs again, reading the rows then). Overlapped scheduling
+        gives up once the device has finished the forward pass and would wait on the host.
+        times: where the wait for heavy rows goes ("mask_wait: side rows (part)"), apart: with
+        give_up it never holds the device, so it is no cost of the fill (LazyGate)."""
         pending, self.pending = self.pending, None
         side, self.side = self.side, None
         error = None
@@ -62,12 +79,47 @@ class MaskFill:
                     fill_draft_rows(failed, self.bitmask, num_threads=self.num_threads,
                                     bans=self.bans)
         finally:
-            if side is not None:  # the side threads walk matchers: they end first
-                merge_bans(self.bans, finish_side_fills(side))
+            if side is not None:
+                started = time.perf_counter()
+                side_error = self._take_side_rows(side, give_up)
+                error = error or side_error
+                if times is not None:
+                    times.seconds["mask_wait: side rows (part)"] += time.perf_counter() - started
         if error is not None:
             raise RuntimeError(error)
         self.measure_widths(counted)
         return self.bans
+
+    def _take_side_rows(self, side: list[SideRows], give_up: Callable[[], bool] | None
+                        ) -> str | None:
+        """Copies in the heavy rows filled; marks the rest late (with give_up); the first
+        error of a fill taken. A late fill runs on, kept on its request for the position's
+        next run (nothing else walks that matcher meanwhile)."""
+        running = [s.fill.future for s in side if not s.fill.done]
+        while running:
+            if give_up is not None and give_up():
+                break
+            wait(running, timeout=None if give_up is None else 2e-4,
+                 return_when=FIRST_COMPLETED)
+            running = [f for f in running if not f.done()]
+        error = None
+        late: set[int] = set()
+        for s in side:
+            if not s.fill.done:
+                s.item.late_mask = True
+                late.update(range(s.first, s.first + s.num_rows))
+                continue
+            s.item.request.side_fill = None  # its rows are used now
+            problem = s.fill.future.exception()
+            if problem is not None:
+                error = error or str(problem)
+                continue
+            self.bitmask[s.first:s.first + s.num_rows] = s.fill.rows()
+        if late:  # sampled unconstrained; the update drops those samples
+            self.layout.packed = [-1 if r in late else r for r in self.layout.packed]
+            if self.last_rows:
+                self.last_rows = [(req, row) for req, row in self.last_rows if row not in late]
+        return error
 
     def measure_widths(self, counted: dict[int, int] | None = None) -> None:
         """Once every row is filled (lazy masks); counted: rows the shards counted."""
@@ -157,8 +209,7 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         entries = [entry for entry in entries if not entry[0].matcher.heavy]
     side = None
     if heavy:
-        side = start_side_fills([(r.matcher, drafts, first) for r, drafts, first in heavy],
-                                bitmask, num_threads=num_threads)
+        side = side_rows(sched, heavy, bitmask.shape[1], num_threads)
         times.count("mask_rows_side", sum(len(d) + 1 for _, d, _ in heavy))
     pending = None
     if shards is not None and entries:  # a shard ANDs its rows' bans itself
@@ -184,6 +235,25 @@ def start_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, *, num_threa
         with times.phase("mask_fill: widths (part)"):
             fill.measure_widths()
     return fill
+
+
+def side_rows(sched: SchedulerOutput, heavy: list[tuple[Request, list[int], int]], words: int,
+              num_threads: int) -> list[SideRows]:
+    """Side fills for the heavy entries: started now, or the one still kept from a step that
+    gave up on it, where it serves the same state (its rows are those this step needs)."""
+    items = {id(item.request): item for item in sched.scheduled}
+    out = []
+    for request, drafts, first in heavy:
+        num_tokens = len(request.output_token_ids)  # the matcher holds the committed ones
+        fill = request.side_fill
+        if fill is not None and not fill.serves(num_tokens, drafts):
+            fill.future.exception()  # it walks the matcher: let it end first
+            fill = None
+        if fill is None:
+            fill = request.side_fill = start_side_fill(request.matcher, drafts, num_tokens,
+                                                       words, num_threads=num_threads)
+        out.append(SideRows(fill, items[id(request)], first, len(drafts) + 1))
+    return out
 
 
 def fill_step_masks(sched: SchedulerOutput, bitmask: torch.Tensor, **kwargs) -> MaskFill:

@@ -13,6 +13,7 @@ from guided.params import SamplingParams
 
 if TYPE_CHECKING:
     from guided.fsm.matcher import Matcher
+    from guided.fsm.side_fill import SideFill
     from guided.scheduler.scheduler import ScheduledRequest
 
 
@@ -62,6 +63,9 @@ class Request:
     # lazy masks: its last filled mask row allowed most tokens, so its next rows are sampled
     # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
     mask_wide: bool = False
+    # heavy rows: a side thread's fill a step gave up waiting for (fsm/side_fill.py), kept for
+    # the position's next run; its matcher is the thread's until the fill is done
+    side_fill: SideFill | None = None
     json_string: int | None = None  # JSON requests: where its text stands (fsm/lazy_masks.py)
     json_utf8: int = 0  # JSON requests: UTF-8 continuation bytes its text still owes
     finish_reason: FinishReason | None = None

@@ -33,6 +33,9 @@ class ScheduledRequest:
     # lazy masks: its rows were sampled unmasked (decided as its rows were filled), and the
     # update checks them against the grammar
     lazy_mask: bool = False
+    # its heavy rows were not filled when the device needed them (step_masks.MaskFill.wait):
+    # it was sampled unconstrained, and the update drops the sample (the position runs again)
+    late_mask: bool = False
 
     @property
     def masked(self) -> bool:

@@ -18,6 +18,7 @@ from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
+from guided.worker.device_timeline import DeviceTimeline
 from guided.worker.host_bitmasks import HostBitmasks
 from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
@@ -75,6 +76,8 @@ class ModelRunner:
         self._bitmasks = HostBitmasks(self.mask_words, self.device, shared=shared_masks)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
         self.use_triton = self.device.type == "cuda"
+        self.timeline = DeviceTimeline(config.device_timeline and self.use_triton)
+        self._graph_kind = "eager"  # the last forward's graph (for the timeline's labels)
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
             self.graphs = StepGraphs(
@@ -247,6 +250,7 @@ class ModelRunner:
         """Queue the forward pass and the logits. previous: the last step's sampled ids on the
         device, where the placeholder inputs come from (queued after that step's sampling)."""
         with self.times.phase("forward_launch"):
+            self.timeline.mark("forward")
             if inputs.placeholder_index:
                 index = list_tensor(inputs.placeholder_index, torch.int64)
                 rows = list_tensor(inputs.placeholder_row, torch.int64)
@@ -256,7 +260,12 @@ class ModelRunner:
             logits = None
             if inputs.logits_indices.numel():
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
-        return LaunchedStep(inputs, logits)
+            self.timeline.mark(f"{self._graph_kind} end")
+            done = None
+            if self.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+        return LaunchedStep(inputs, logits, done)
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
@@ -278,6 +287,7 @@ class ModelRunner:
             wants_logprobs = inputs.rows.num_logprobs
             candidate_rows = [row for row, owner in enumerate(inputs.row_owner)
                               if unmasked[owner] and wants_logprobs[row] < 0]
+        self.timeline.mark("sample")
         bitmask = mask_rows = None
         rows = inputs.mask_rows
         if masks is not None and bitmask_host is not None:
@@ -293,6 +303,7 @@ class ModelRunner:
             samples = sample_on_device(launched.logits, inputs.rows, bitmask, mask_rows,
                                        vocab_size=self.vocab_size, candidate_rows=candidate_rows,
                                        num_candidates=self.config.lazy_mask_candidates)
+            self.timeline.mark("sample end")
         return SampledStep(inputs, samples)
 
     @torch.inference_mode()
@@ -339,6 +350,7 @@ class ModelRunner:
         num_tokens = inputs.input_ids.shape[0]
         key = None if self.graphs is None else self.graphs.pick(
             meta, num_tokens, has_drafts=inputs.has_drafts)
+        self._graph_kind = "eager" if key is None else key[0]
         if key is not None:
             self.times.count(f"graph_{key[0]}")
             return self.graphs.run(key, inputs.input_ids, inputs.positions, meta,

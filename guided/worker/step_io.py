@@ -35,6 +35,14 @@ class LaunchedStep:
     """A step whose forward pass is on the device; its sampling waits for the grammar masks."""
     inputs: StepInputs
     logits: torch.Tensor | None  # (N, V) on the device; None: nothing sampled this step
+    # recorded after the logits (CUDA): the device is done with the forward pass once it is
+    # reached; None where the forward pass ran within the launch (CPU)
+    forward_done: torch.cuda.Event | None = None
+
+    def device_waits(self) -> bool:
+        """Whether the device has finished the forward pass, so that its sampling (and all
+        after it) now waits on the host; True on the CPU."""
+        return self.forward_done is None or self.forward_done.query()
 
 
 @dataclass(slots=True)

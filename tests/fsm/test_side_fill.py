@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from guided.config import EngineConfig
-from guided.fsm.bitmask_fill import apply_bans, fill_draft_rows
+from guided.fsm.bitmask_fill import fill_draft_rows
 from guided.fsm.compiler import GrammarCompiler
-from guided.fsm.side_fill import finish_side_fills, start_side_fills
+from guided.fsm.side_fill import start_side_fill
 from guided.params import ConstraintSpec
 
 VOCAB = 49152
@@ -47,24 +47,21 @@ def test_side_fills_equal_inline_fills(compiler, tokenizer):
     for token in tokenizer.encode('{"note": "a long', add_special_tokens=False):
         assert m.accept_token(token)
     drafts = tokenizer.encode(" day at", add_special_tokens=False)
-    words = WORDS
-    want = torch.zeros((8, words), dtype=torch.int32)
-    fill_draft_rows([(m, drafts, 2)], want, num_threads=1)
-    got = torch.zeros((8, words), dtype=torch.int32)
+    want = torch.zeros((len(drafts) + 1, WORDS), dtype=torch.int32)
+    fill_draft_rows([(m, drafts, 0)], want, num_threads=1)  # bans applied here
     interval = sys.getswitchinterval()
-    futures = start_side_fills([(m, drafts, 2)], got, num_threads=2)
-    assert sys.getswitchinterval() <= 0.0005  # side threads get the GIL back promptly
-    apply_bans(got, finish_side_fills(futures))
+    fill = start_side_fill(m, drafts, 7, WORDS, num_threads=2)
+    assert sys.getswitchinterval() <= 0.0005 or fill.done  # side threads get the GIL back
+    got = fill.rows()
     assert sys.getswitchinterval() == interval  # restored once they are in
     assert torch.equal(got, want)
+    assert fill.serves(7, drafts) and not fill.serves(8, drafts) and not fill.serves(7, [])
     assert m.accept_token(tokenizer.encode(" day", add_special_tokens=False)[0])  # unchanged
 
 
 def test_a_rejected_draft_fails_its_future(compiler, tokenizer):
     m = matcher(compiler, ConstraintSpec.json_schema({"type": "string", "maxLength": 300}))
-    words = WORDS
-    bitmask = torch.zeros((4, words), dtype=torch.int32)
     bad = tokenizer.encode("{", add_special_tokens=False)  # a string starts with a quote
-    futures = start_side_fills([(m, bad, 0)], bitmask, num_threads=1)
+    fill = start_side_fill(m, bad, 0, WORDS, num_threads=1)
     with pytest.raises(RuntimeError, match="rejected"):
-        finish_side_fills(futures)
+        fill.rows()
