@@ -90,8 +90,8 @@ class EngineConfig:
     # allowed unmasked argmax is the masked argmax; a position run again is recomputed in
     # another batch, whose bf16 numerics on a GPU can tip a near tie, as a verify step's can),
     # and the costliest rows (long strings) are never filled. None: on with overlapped
-    # scheduling (where a fill holds up the sampling), and there only while the host waits on
-    # the device less than it fills masks (LazyGate). H100, one warm engine, on / off: default
+    # scheduling (where a fill holds up the sampling), and there only while the host hardly
+    # waits on the device (under 0.5 ms a step, and less than it fills masks: LazyGate). H100, one warm engine, on / off: default
     # model +5% at 64, +11% at 256; random 8B -3% at 64, +1% at 256 (RESULTS, session 12)
     lazy_masks: bool | None = None
     lazy_mask_min_allowed: float = 0.5

@@ -39,12 +39,13 @@ def detokenize_step(decode: Decode, request: Request, skip_special_tokens: bool,
     return delta
 
 
-def detokenize_rest(decode: Decode, request: Request, skip_special_tokens: bool) -> None:
+def detokenize_rest(decode: Decode, request: Request, skip_special_tokens: bool,
+                    end: int | None = None) -> None:
     """The text of all the tokens not decoded yet, at once (a request that only wants its
     final output), as steps of a token each would leave it: half a UTF-8 character at the end
     (a byte-level token holds at least a byte of it, so at most 3 tokens) left out, not the
-    text before it."""
-    num = len(request.output_token_ids)
+    text before it. end: decode the output ids before it only (a stop token is never text)."""
+    num = len(request.output_token_ids) if end is None else end
     for end in range(num, max(request.read_offset, num - 4), -1):
         if detokenize_step(decode, request, skip_special_tokens, end):
             return

@@ -165,9 +165,7 @@ class Engine:
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)
         if request is not None and not request.is_finished:
-            if not request.params.text_per_step:  # its text so far, as a finish makes it
-                detokenize_rest(self._decode, request, request.params.skip_special_tokens)
-            self._finish(request, "abort")
+            self._finish(request, "abort")  # its text so far comes with its output
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.num_unfinished > 0 or bool(self._changed)
@@ -327,7 +325,8 @@ class Engine:
                                     decode=self._decode,
                                     token_bytes=self.compiler.vocab.token_bytes
                                     if request.json_string is not None else (),
-                                    max_model_len=self.max_model_len)
+                                    max_model_len=self.max_model_len,
+                                    decode_at_finish=False)  # decoded with the outputs
         if num:
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = time.time()
@@ -361,11 +360,23 @@ class Engine:
     def _collect_outputs(self) -> list[RequestOutput]:
         outputs = []
         for request in self._changed.values():
+            if request.is_finished and not request.params.text_per_step:
+                self._decode_final(request)
             outputs.append(request.output())
             if request.is_finished:
                 self.requests.pop(request.request_id, None)
         self._changed = {}
         return outputs
+
+    def _decode_final(self, request: Request) -> None:
+        """A finished request that wants only its final output: its text, decoded once. Here,
+        not where it finished: under overlap the outputs are collected after the next step is
+        launched, so a batch finishing together (135 requests at 256 tokens: 20-30 ms) no
+        longer holds up a step's sampling (RESULTS, session 21). A stop token is not text."""
+        end = len(request.output_token_ids)
+        if request.finish_reason == "stop" and isinstance(request.stop_reason, int):
+            end -= 1
+        detokenize_rest(self._decode, request, request.params.skip_special_tokens, end)
 
     def stats(self) -> EngineStats:
         s = self.stats_totals

@@ -15,6 +15,13 @@ requests they mirror walk their drafts there: guided/fsm/shard_drafts.py), then 
 fills the rest; the shards work beside the loop's own drafts, scheduling and preparing, t+2 is
 scheduled once their drafts are in and t+1 sampled once their rows are.
 
+Heavy rows (fsm/side_fill.py) never hold the device: once it has finished t+1's forward pass
+(an event recorded after the logits), the rows still filling are late. t+1 is sampled without
+them, the update drops those requests' samples (their entries in t+2 are voided, as after a
+rejected draft) and their positions run again, reading the rows the side threads went on
+filling. Such a request loses two steps; the batch loses none (a 20 ms row used to idle the
+device that long: benchmarks/RESULTS.md, session 21).
+
 concurrent_masks moves the fill to the mask thread, beside the drafts (made on second
 matchers), scheduling and preparing of t+2; t+1 is sampled once both are done. xgrammar fills
 without the GIL, but the Python around the fills and the loop's own contend for it: measured

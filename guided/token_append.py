@@ -21,18 +21,22 @@ class Finish:
 
 def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
                   accepted: bool, decode: Decode, token_bytes: list[bytes],
-                  max_model_len: int) -> tuple[int, Finish | None]:
+                  max_model_len: int, decode_at_finish: bool = True
+                  ) -> tuple[int, Finish | None]:
     """Appends tokens (in order, up to where the request finishes) to the request; returns
     how many were appended and the finish, if any. accepted: the request's matchers hold the
     tokens already (a lazy row's, checked by the caller); else each is fed to them first, and
-    one they reject ends the request with an internal error, unappended."""
+    one they reject ends the request with an internal error, unappended. decode_at_finish
+    off: a request that wants only its final output is left to the caller to decode
+    (detokenize_rest), at a time of its choosing."""
     if request.params.stop_list and len(tokens) > 1:
         total = 0
         for j, token in enumerate(tokens):
             n, finish = append_tokens(request, [token], None if logprobs is None
                                       else logprobs[j:j + 1], accepted=accepted,
                                       decode=decode, token_bytes=token_bytes,
-                                      max_model_len=max_model_len)
+                                      max_model_len=max_model_len,
+                                      decode_at_finish=decode_at_finish)
             total += n
             if finish is not None:
                 return total, finish
@@ -61,7 +65,7 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     # text_per_step off: the text waits for the finish, decoded at once (detokenize_rest)
     per_step = params.text_per_step
     if not n:
-        if finish is not None and not per_step:
+        if finish is not None and not per_step and decode_at_finish:
             detokenize_rest(decode, request, params.skip_special_tokens)
         return 0, finish
     new = tokens[:n]
@@ -74,7 +78,7 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     # a stop token is kept in the ids but never decoded into the text
     output.extend(new[:-1] if on_stop_token else new)
     if not per_step:
-        if finish is not None:  # before the stop token joins the ids: it is never text
+        if finish is not None and decode_at_finish:  # before a stop token joins the ids
             detokenize_rest(decode, request, params.skip_special_tokens)
     elif not on_stop_token or n > 1:
         checked = len(request.text)

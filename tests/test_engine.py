@@ -176,3 +176,25 @@ def test_final_outputs_come_once_with_the_text_streaming_makes(llm):
     jsonschema.validate(json.loads(final.text), schema)
     assert len(cut) == 1 and cut[0].finish_reason == "abort" and cut[0].token_ids
     assert cut[0].text == llm.tokenizer.decode(cut[0].token_ids, skip_special_tokens=True)
+
+
+def test_a_final_output_ending_on_a_stop_token_leaves_it_out_of_the_text(llm):
+    """The final text is decoded with the outputs, after the finish: the stop token that ended
+    the request is kept in the ids and never decoded, as for a request reporting every step."""
+    engine = llm.engine
+    ids = prompt_ids(llm)
+    probe = llm.generate([ids], SamplingParams(max_tokens=12, temperature=0))[0]
+    stop = probe.token_ids[6]
+    got = {}
+    for kind in ("cumulative", "final"):
+        engine.add_request(kind, ids, SamplingParams(
+            max_tokens=12, temperature=0, stop_token_ids=[stop], skip_special_tokens=False,
+            output_kind=kind))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out
+    final, cumulative = got["final"], got["cumulative"]
+    assert final.finish_reason == "stop" and final.token_ids[-1] == stop
+    assert final.token_ids == cumulative.token_ids and final.text == cumulative.text
+    assert final.text == llm.tokenizer.decode(final.token_ids[:-1])

@@ -123,13 +123,20 @@ def samples_unmasked(*, wide: bool, num_forced_drafts: int, greedy: bool,
     return wide and not num_forced_drafts and (greedy or not filtered)
 
 
+# the host's mean wait for the device's tokens under which it bounds the step (ms): a step's
+# host work varies, so a host that waits this little still holds the device up in some steps
+HOST_BOUND_WAIT_MS = 0.5
+
+
 def lazy_masks_pay(*, device_wait_ms: float, fill_ms: float) -> bool:
     """Overlapped scheduling: whether lazy masks are worth it now. They save the host the fill
     of wide rows at the price of a step or two of a request for each sample outside the
-    grammar; the saving shows only while the host bounds the step. Where the host already
-    waits on the device longer than it fills masks, the fill hides behind the forward pass
-    and only the misses would remain (a random 8B at 64 on an H100: 5% slower with them)."""
-    return device_wait_ms < fill_ms
+    grammar; the saving shows only while the host bounds the step, that is while it hardly
+    waits for the device. A host that waits on the device at all has its fill hidden behind
+    the forward pass already, and only the misses would remain (a random 8B at 64 on an H100:
+    5% slower with them; at 256, waiting 2-3 ms a step, 190 misses cost a run 12 steps of
+    256: benchmarks/RESULTS.md, session 21)."""
+    return device_wait_ms < min(fill_ms, HOST_BOUND_WAIT_MS)
 
 
 def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:

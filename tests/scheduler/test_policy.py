@@ -101,6 +101,9 @@ def test_samples_unmasked_only_in_wide_states_without_forced_text_or_filters():
 def test_lazy_masks_pay_only_while_the_host_bounds_the_step():
     assert policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=3.0)
     assert not policy.lazy_masks_pay(device_wait_ms=3.0, fill_ms=1.0)
+    # the host waits on the device: its fill is hidden already, whatever it costs
+    assert not policy.lazy_masks_pay(device_wait_ms=2.0, fill_ms=3.0)
+    assert not policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=0.05)  # nothing to save
 
 
 def test_mask_shards_by_default_only_for_small_models_overlapped_on_a_gpu_of_a_roomy_host():
