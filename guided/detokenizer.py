@@ -51,6 +51,15 @@ def detokenize_rest(decode: Decode, request: Request, skip_special_tokens: bool,
             return
 
 
+def detokenize_final(decode: Decode, request: Request) -> None:
+    """A finished request that wants only its final output: the text of its tokens not
+    decoded yet, the stop token that ended it left out (it is never text)."""
+    end = len(request.output_token_ids)
+    if request.finish_reason == "stop" and isinstance(request.stop_reason, int):
+        end -= 1
+    detokenize_rest(decode, request, request.params.skip_special_tokens, end)
+
+
 def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:
     """Earliest stop string in text that ends after `start` (text before it was checked)."""
     best: tuple[int, str] | None = None

@@ -28,7 +28,7 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     tokens already (a lazy row's, checked by the caller); else each is fed to them first, and
     one they reject ends the request with an internal error, unappended. decode_at_finish
     off: a request that wants only its final output is left to the caller to decode
-    (detokenize_rest), at a time of its choosing."""
+    (detokenize_final), at a time of its choosing."""
     if request.params.stop_list and len(tokens) > 1:
         total = 0
         for j, token in enumerate(tokens):

@@ -77,7 +77,6 @@ class ModelRunner:
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
         self.use_triton = self.device.type == "cuda"
         self.timeline = DeviceTimeline(config.device_timeline and self.use_triton)
-        self._graph_kind = "eager"  # the last forward's graph (for the timeline's labels)
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
             self.graphs = StepGraphs(
@@ -256,11 +255,11 @@ class ModelRunner:
                 rows = list_tensor(inputs.placeholder_row, torch.int64)
                 inputs.input_ids[index.to(self.device, non_blocking=True)] = previous[
                     rows.to(self.device, non_blocking=True)]
-            hidden = self._forward(inputs)
+            hidden, kind = self._forward(inputs)
             logits = None
             if inputs.logits_indices.numel():
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
-            self.timeline.mark(f"{self._graph_kind} end")
+            self.timeline.mark(f"{kind} end")
             done = None
             if self.device.type == "cuda":
                 done = torch.cuda.Event()
@@ -337,7 +336,7 @@ class ModelRunner:
                         max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
                     inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
                                                  meta=meta)
-                hidden = self._forward(inputs)
+                hidden, _ = self._forward(inputs)
                 logits = self.model.compute_logits(hidden)
                 steps.append(masked_sample(logits, None, None, temperature, seeds[k],
                                            vocab_size=self.vocab_size))
@@ -345,18 +344,18 @@ class ModelRunner:
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor, str]:
+        """The hidden states, and how they were made: a graph's kind, or "eager"."""
         meta = inputs.meta
         num_tokens = inputs.input_ids.shape[0]
         key = None if self.graphs is None else self.graphs.pick(
             meta, num_tokens, has_drafts=inputs.has_drafts)
-        self._graph_kind = "eager" if key is None else key[0]
         if key is not None:
             self.times.count(f"graph_{key[0]}")
             return self.graphs.run(key, inputs.input_ids, inputs.positions, meta,
-                                   inputs.query_lens)
+                                   inputs.query_lens), key[0]
         self.times.count("eager")
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta), "eager"
 
     def submit_host_job(self, fn: Callable[[], None]) -> Future:
         """Run fn on the mask thread (jobs, and the steps' mask fills, run there in order)."""
