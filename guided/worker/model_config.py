@@ -80,6 +80,11 @@ class ModelConfig:
 
 # Real shapes for synthetic models (random weights): speed and memory at scale, not quality.
 SYNTHETIC_SHAPES: dict[str, dict] = {
+    # the host loop's shape: a forward pass of a few ms on a CPU, for profiling the host's
+    # per-step work there (scheduling, grammar, drafts) against a near-free model
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                 num_kv_heads=1, head_dim=32, vocab_size=49152, max_position_embeddings=8192,
+                 tie_word_embeddings=True),
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                          num_kv_heads=3, head_dim=64, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=100000.0,

@@ -23,7 +23,7 @@ from guided.worker.host_bitmasks import HostBitmasks
 from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
-from guided.worker.sampler import SamplingRows, position_seed, sample_on_device
+from guided.worker.sampler import RowSource, position_seed, rows_for, sample_on_device
 from guided.worker.step_io import LaunchedStep, RunnerOutput, SampledStep, StepInputs
 
 log = logging.getLogger(__name__)
@@ -143,59 +143,56 @@ class ModelRunner:
         logits_indices: list[int] = []
         row_owner: list[int] = []
         mask_rows: list[int] = []
-        rows = SamplingRows([], [], [], [], [], [], [], [], [], [], [])
+        sources: list[RowSource] = []
         num_mask_rows = 0
         max_blocks = max(len(item.request.block_ids) for item in sched.scheduled)
         tables: list[list[int]] = []
+        # per request, not per token or row: a verify step at 256 requests has ~700 of each
+        # (benchmarks/bench_prepare.py)
         for b, item in enumerate(sched.scheduled):
             req = item.request
             start = req.num_computed_tokens + req.num_inflight_tokens
-            n = item.num_new_tokens + item.num_draft_tokens
+            num_drafts = item.num_draft_tokens
+            n = item.num_new_tokens + num_drafts
             table = req.block_ids
             tables.append(table + [0] * (max_blocks - len(table)))
             pending_row = placeholders.get(b)
-            if pending_row is not None:  # its one new token is the in-flight sample
-                placeholder_index.append(len(ids))
+            if pending_row is not None:  # its one new token is the in-flight sample,
+                placeholder_index.append(len(ids))  # gathered on the device at launch
                 placeholder_row.append(pending_row)
-            if pending_row is not None:  # gathered on the device at launch; then drafts
                 ids.append(0)
-                ids.extend(item.draft_token_ids[:item.num_draft_tokens])
+                ids.extend(item.draft_token_ids[:num_drafts])
             else:
                 known = req.num_tokens
                 ids.extend(req.token_at(pos) if pos < known
                            else item.draft_token_ids[pos - known] for pos in range(start, start + n))
-            for pos in range(start, start + n):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
+            positions.extend(range(start, start + n))
+            if n == 1:
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                slots.extend([table[pos // bs] * bs + pos % bs for pos in range(start, start + n)])
             query_start.append(len(ids))
             seq_lens.append(start + n)
             if not item.sample:
                 continue
-            p = req.params
+            count = 1 + num_drafts
             row_of_request[req.request_id] = len(logits_indices)
-            for j in range(1 + item.num_draft_tokens):
-                logits_indices.append(len(ids) - 1 - item.num_draft_tokens + j)
-                row_owner.append(b)
-                # which output token this row samples (in-flight ones come before it)
-                out_index = len(req.output_token_ids) + req.num_inflight_samples + j
-                rows.temperature.append(p.temperature)
-                rows.seeds.append(position_seed(req.seed, out_index))
-                rows.top_k.append(p.top_k)
-                rows.top_p.append(p.top_p)
-                rows.min_p.append(p.min_p)
-                rows.presence_penalty.append(p.presence_penalty)
-                rows.frequency_penalty.append(p.frequency_penalty)
-                rows.repetition_penalty.append(p.repetition_penalty)
-                penalized = p.presence_penalty or p.frequency_penalty
-                rows.history.append(req.output_token_ids + item.draft_token_ids[:j]
-                                    if penalized else [])
-                rows.prompt_ids.append(req.prompt_token_ids)
-                rows.num_logprobs.append(-1 if p.logprobs is None else p.logprobs)
-                if constrained[b]:
-                    mask_rows.append(num_mask_rows)
-                    num_mask_rows += 1
-                else:
-                    mask_rows.append(-1)
+            logits_indices.extend(range(len(ids) - count, len(ids)))
+            row_owner.extend([b] * count)
+            if constrained[b]:
+                mask_rows.extend(range(num_mask_rows, num_mask_rows + count))
+                num_mask_rows += count
+            else:
+                mask_rows.extend([-1] * count)
+            p = req.params
+            # which output token its first row samples (in-flight ones come before it)
+            sources.append(RowSource(
+                p, count, req.seed, len(req.output_token_ids) + req.num_inflight_samples,
+                req.prompt_token_ids,
+                [req.output_token_ids + item.draft_token_ids[:j] for j in range(count)]
+                if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                else None))
+        rows = rows_for(sources)
         dev = self.device
         query_lens = [b - a for a, b in pairwise(query_start)]
         meta = AttentionMetadata(

@@ -30,3 +30,39 @@ def test_unmasked_rows_bring_back_their_candidates(penalty):
         assert len(best) == len(set(best)) == 6 and max(best) < VOCAB
         assert best[0] == out.token_ids[row]
     assert sample(logits, rows, None, None, vocab_size=VOCAB).candidates is None
+
+
+def test_position_seeds_equal_position_seed():
+    import random
+
+    import numpy as np
+
+    from guided.worker.sampler import position_seed, position_seeds
+
+    rng = random.Random(5)
+    seeds = [rng.getrandbits(63) for _ in range(300)] + [0, (1 << 63) - 1]
+    positions = [rng.randrange(1 << 20) for _ in range(300)] + [0, 1 << 40]
+    got = position_seeds(np.array(seeds, np.uint64), np.array(positions, np.uint64))
+    assert got.tolist() == [position_seed(s, p) for s, p in zip(seeds, positions)]
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_rows_for_repeats_each_request_over_its_rows(slow):
+    from guided.params import SamplingParams
+    from guided.worker.sampler import RowSource, position_seed, rows_for
+
+    plain = SamplingParams(temperature=0.5)
+    other = SamplingParams(temperature=0.9, top_k=5 if slow else -1, logprobs=2)
+    sources = [RowSource(plain, 3, 7, 10, [1, 2]),
+               RowSource(other, 1, 8, 0, [3], [[4]] if slow else None),
+               RowSource(plain, 2, 9, 4, [5])]
+    rows = rows_for(sources)
+    assert rows.needs_slow_path == slow
+    assert list(rows.seeds) == [position_seed(7, 10), position_seed(7, 11), position_seed(7, 12),
+                                position_seed(8, 0), position_seed(9, 4), position_seed(9, 5)]
+    assert [round(float(t), 3) for t in rows.temperature] == [0.5, 0.5, 0.5, 0.9, 0.5, 0.5]
+    assert rows.num_logprobs == [-1, -1, -1, 2, -1, -1]
+    if slow:
+        assert rows.top_k == [-1, -1, -1, 5, -1, -1]
+        assert rows.prompt_ids == [[1, 2]] * 3 + [[3]] + [[5]] * 2
+        assert rows.history == [[], [], [], [4], [], []]
