@@ -111,21 +111,21 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
 class BatchTimes:
     """The loop's calls by how many requests were running: where a mode's time goes, the full
     batch or the tail of a few long requests (a step's fixed costs show in the tail). The
-    phases of the calls with the most running (above the last edge) are kept apart too: the
-    run's means mix the full batch with the tail."""
+    phases of the calls with the most running (above the last edge) and of the tail's middle
+    (5-64 running) are kept apart too: the run's means mix the full batch with the tail."""
     EDGES = (4, 16, 64)
 
     def __init__(self, times: StepTimes | None = None):
         self.calls = [0] * (len(self.EDGES) + 1)
         self.seconds = [0.0] * (len(self.EDGES) + 1)
         self._times = times
-        self.full_phases: dict[str, float] = {}  # seconds per phase, calls above the last edge
+        # seconds per phase by bucket of running requests
+        self.phases: list[dict[str, float]] = [{} for _ in self.calls]
         self.per_call: list[tuple[int, dict[str, float], dict[str, int]]] = []  # with a timeline
 
     @contextlib.contextmanager
     def step(self, num_running: int):
         k = sum(num_running > edge for edge in self.EDGES)
-        full = k == len(self.EDGES) and self._times is not None
         before = dict(self._times.seconds) if self._times is not None else None
         counts = dict(self._times.counts) if self._times is not None else None
         t0 = time.perf_counter()
@@ -138,10 +138,9 @@ class BatchTimes:
                 if total - before.get(name, 0.0) >= 5e-5}, {
                 name: n - counts.get(name, 0) for name, n in self._times.counts.items()
                 if n != counts.get(name, 0)}))
-        if full:
+            phases = self.phases[k]
             for name, total in self._times.seconds.items():
-                self.full_phases[name] = (self.full_phases.get(name, 0.0) + total
-                                          - before.get(name, 0.0))
+                phases[name] = phases.get(name, 0.0) + total - before.get(name, 0.0)
 
     def summary(self) -> str:
         lows = (1, *(edge + 1 for edge in self.EDGES))
@@ -149,11 +148,18 @@ class BatchTimes:
         text = " | by running: " + ", ".join(
             f"{lo}-{hi} {n} calls {s * 1e3:.0f} ms"
             for lo, hi, n, s in zip(lows, highs, self.calls, self.seconds) if n)
-        num_full = self.calls[-1]
-        if num_full and self.full_phases:
-            text += f" | per call above {self.EDGES[-1]} running: " + ", ".join(
-                f"{name} {1e3 * s / num_full:.2f} ms"
-                for name, s in sorted(self.full_phases.items()) if s >= 5e-5 * num_full)
+        groups = ((f"above {self.EDGES[-1]}", [len(self.EDGES)]),
+                  (f"{self.EDGES[0] + 1}-{self.EDGES[-1]}", list(range(1, len(self.EDGES)))))
+        for label, buckets in groups:
+            num = sum(self.calls[k] for k in buckets)
+            phases: dict[str, float] = {}
+            for k in buckets:
+                for name, s in self.phases[k].items():
+                    phases[name] = phases.get(name, 0.0) + s
+            if num and phases:
+                text += f" | per call {label} running: " + ", ".join(
+                    f"{name} {1e3 * s / num:.2f} ms"
+                    for name, s in sorted(phases.items()) if s >= 5e-5 * num)
         return text
 
 
