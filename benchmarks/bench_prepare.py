@@ -3,6 +3,10 @@ constrained verify steps (drafts: several rows each), on the CPU (one table):
 
     python benchmarks/bench_prepare.py [--requests 256] [--drafts 0,2,4] [--repeats 200]
 
+Another tree's prepare, for a before / after: `git archive REV guided | tar -x -C /tmp/prev`,
+then `PYTHONPATH=/tmp/prev python benchmarks/bench_prepare.py` (its guided is imported; the
+host-loop model shape synthetic:tiny is added where that tree lacks it).
+
 The default model's constrained full-batch calls carried ~2.4 tokens a request (jump-forward
 drafts), and prepare took 2.38 ms of their 13.8 ms against 1.39 ms for a free call
 (benchmarks/RESULTS.md, session 22): it is per-row Python.
@@ -13,7 +17,13 @@ import argparse
 import random
 import time
 
-from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
+import sys
+from pathlib import Path
+
+try:
+    import guided  # noqa: F401  (PYTHONPATH's tree, when given)
+except ImportError:  # run from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from guided.engine import Engine
 from guided.params import SamplingParams
@@ -62,6 +72,11 @@ def main() -> None:
     ap.add_argument("--drafts", default="0,2,4")
     ap.add_argument("--repeats", type=int, default=200)
     args = ap.parse_args()
+    from guided.worker import model_config
+
+    model_config.SYNTHETIC_SHAPES.setdefault("tiny", dict(  # trees from before it
+        hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+        head_dim=32, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True))
     engine = Engine(model="synthetic:tiny", device="cpu", max_num_seqs=args.requests,
                     num_kv_blocks=20000)
     runner = engine.runner
