@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_suite.sh baseline-8b # transformers + xgrammar baseline
 #   bash benchmarks/gpu_suite.sh default     # the default model (needs GUIDED_DEFAULT_GGUF)
 #   bash benchmarks/gpu_suite.sh paired      # constrained / free, overlapped vs synchronous (MODEL=...)
+#   bash benchmarks/gpu_suite.sh status-ratio  # issue 6's checks, one call each (MODEL=...):
+#   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
 #   (and chat, shared-prefix)
@@ -53,5 +55,25 @@ paired)
         2>>"$out/paired.err" | tee -a "$out/paired.md"
     done
   done
+  ;;
+status-ratio)
+  # constrained / free on the same prompts and lengths: one wave of 256 (the longest request
+  # bounds it), the steady state (1024 requests through 256 slots), and 64 slots
+  run() { python benchmarks/engine_offline.py --model $M --max-tokens 256 --paired "$@" \
+    2>>"$out/status.err" | tee -a "$out/status_ratio.md"; }
+  run --workload $w/json.jsonl --num-requests 256 --concurrency 256 --rounds 4
+  run --workload $w/json1024.jsonl --num-requests 1024 --concurrency 256 --rounds 3
+  run --workload $w/json.jsonl --num-requests 256 --concurrency 64 --rounds 3
+  [ "$M" = default ] || python benchmarks/decode_throughput.py --model $M --batch 1 \
+    --scheduler-steps 1,8 2>>"$out/status.err" | tee -a "$out/status_ratio.md"
+  ;;
+status-serve)
+  # through the server: 512 JSON-schema requests at concurrency 64, cold caches then warm,
+  # beside transformers + xgrammar on the same requests (its compiles counted, as ours are)
+  serve --launch "--model $M --compile-threads 12" --workload $w/json.jsonl --num-requests 512 \
+    --concurrency 64,64 --max-tokens 256 --label "$M constrained"
+  python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests \
+    ${BASELINE_N:-512} --batch-size 64 --max-tokens 256 --modes constrained --label "$M" \
+    2>>"$out/baseline.err" | tee "$out/baseline.md"
   ;;
 esac

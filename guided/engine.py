@@ -191,10 +191,13 @@ class Engine:
             num_steps = self.scheduler.plan_decode_steps(sched)
             if num_steps > 1:
                 times.count("multi_steps")
+                self._prefetch.clear()  # rows filled ahead are one step's: the steps move on
                 result = self.runner.execute_decode_steps(sched, num_steps)
-                self._prefetch.clear()
                 with times.phase("update"):
-                    self._update(sched, result.sampled, result.logprobs, multi_step=True)
+                    self._update(sched, result.sampled, result.logprobs, multi_step=True,
+                                 accepted=result.accepted)
+                self._ask_drafts()
+                self._propose()
                 return self._collect_outputs()
             times.count("steps")
             constrained = [item.masked for item in sched.scheduled]
@@ -233,8 +236,9 @@ class Engine:
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 candidates: dict[int, dict[int, list[int]]] | None = None, *,
-                multi_step: bool = False) -> None:
-        """multi_step: a request's tokens come from consecutive decode steps, not drafts.
+                multi_step: bool = False, accepted: frozenset[int] = frozenset()) -> None:
+        """multi_step: a request's tokens come from consecutive decode steps, not drafts;
+        accepted: the rows whose matchers hold their tokens already (RunnerOutput.accepted).
         candidates: rows sampled unmasked, their best tokens (RunnerOutput.candidates)."""
         candidates = candidates or {}
         num_passes = len(sampled[0]) if multi_step else 1
@@ -254,11 +258,14 @@ class Engine:
                 if keep_cache:
                     self.scheduler.commit_computed(request, base)
                 continue
-            if multi_step:  # tokens past a finish are dropped
-                num_appended = self._append(request, tokens, None)
+            if multi_step:  # tokens past a finish are dropped; drafts made before are stale
+                request.draft_token_ids, request.draft_anchor = [], None
+                num_appended = self._append(request, tokens, None, accepted=b in accepted)
                 if not request.is_finished:  # all but the last token were fed to the model
                     self.scheduler.commit_computed(request, base + num_appended - 1)
                     self.scheduler.trim_blocks(request)
+                    if self.config.jump_forward and request.matcher is not None:
+                        self._to_propose.append(request)
                 continue
             drafts = item.draft_token_ids
             if item.drafts_void:  # anchored on a token the previous step did not sample

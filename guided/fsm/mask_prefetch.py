@@ -61,4 +61,7 @@ class MaskPrefetch:
         return self._buffer
 
     def clear(self) -> None:
+        """Drops the rows filled ahead, once their job is done: the matchers may move on."""
+        if self._job is not None:
+            self._job.result()
         self._job, self._buffer, self._rows = None, None, {}

@@ -74,9 +74,10 @@ def num_decode_steps(max_steps: int, *, all_plain_decode: bool, tokens_left: Seq
                      ) -> int:
     """How many decode steps to run back to back on the device before the host looks again.
 
-    Only a batch of plain decodes qualifies (one new token each, no drafts, no grammar, no
-    penalties or logprobs: nothing the host must do between steps); and never past the
-    request closest to its token limit, so no step is spent on a request that must stop."""
+    Only a batch of plain decodes qualifies (one new token each, no drafts, penalties or
+    logprobs: nothing the host must do between steps but a grammar's accept and mask row,
+    which overlap the next forward pass); and never past the request closest to its token
+    limit, so no step is spent on a request that must stop."""
     if max_steps <= 1 or not all_plain_decode or not tokens_left:
         return 1
     return max(1, min(max_steps, min(tokens_left)))

@@ -257,7 +257,8 @@ class Scheduler:
             return 1
         num_steps = policy.num_decode_steps(
             self.config.num_scheduler_steps,
-            all_plain_decode=all(_is_plain_decode(item) for item in sched.scheduled),
+            all_plain_decode=all(_is_plain_decode(item, self.config.multi_step_constrained)
+                                 for item in sched.scheduled),
             tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
                              self.max_model_len - item.request.num_tokens)
                          for item in sched.scheduled])
@@ -352,9 +353,11 @@ class Scheduler:
             del request.block_ids[keep:]
 
 
-def _is_plain_decode(item: ScheduledRequest) -> bool:
-    """One new token to sample and nothing the host must do between steps: no drafts, no
-    grammar, no logprobs, no sampling filter or penalty (those run on the slow path)."""
+def _is_plain_decode(item: ScheduledRequest, grammar_ok: bool) -> bool:
+    """One new token to sample and nothing the host must do between steps but, where
+    grammar_ok, a grammar's accept and mask row (not a heavy grammar's, whose rows take
+    milliseconds): no drafts, no logprobs, no sampling filter or penalty (the slow path)."""
     r, p = item.request, item.request.params
     return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
-            and r.matcher is None and p.logprobs is None and not p.needs_slow_sampling)
+            and (r.matcher is None or grammar_ok and not r.matcher.heavy)
+            and p.logprobs is None and not p.needs_slow_sampling)

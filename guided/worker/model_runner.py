@@ -12,6 +12,7 @@ import torch
 
 from guided.config import EngineConfig
 from guided.fsm.bitmask_fill import apply_bans
+from guided.fsm.decode_masks import DecodeStepMasks
 from guided.fsm.step_masks import MaskFill
 from guided.kernels.bitmask import masked_sample
 from guided.scheduler.scheduler import SchedulerOutput
@@ -304,14 +305,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_decode_steps(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:
-        """num_steps decode steps of a plain decode batch (no grammar, drafts, penalties or
-        logprobs) with no host round trip between them: each step's sampled tokens are the
-        next step's inputs on the device, and the host reads all tokens once at the end. The
-        blocks for every step must be allocated. A request that finishes early (EOS, stop
-        string) has its later tokens dropped by the engine."""
+        """num_steps decode steps of a decode batch (no drafts, penalties or logprobs) without
+        scheduling between them: each step's sampled tokens are the next step's inputs on the
+        device. Without constrained requests the host reads all tokens once at the end; with
+        them it reads each step's tokens while the device runs the next forward pass, and the
+        matchers take them and fill that step's mask rows meanwhile (DecodeStepMasks). The blocks
+        for every step must be allocated. A request that finishes early (EOS, stop string,
+        its grammar's end) has its later tokens dropped by the engine."""
         times = self.times
         with times.phase("prepare"):
-            inputs = self.prepare(sched, [False] * len(sched.scheduled))
+            inputs = self.prepare(sched, [item.masked for item in sched.scheduled])
             dev, bs = self.device, self.block_size
             seeds = list_tensor(
                 [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
@@ -319,6 +322,11 @@ class ModelRunner:
                 torch.int64).to(dev, non_blocking=True)  # (S, B)
             temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
                 dev, non_blocking=True)
+            grammar = mask_rows = None
+            if inputs.num_mask_rows:
+                grammar = DecodeStepMasks(sched, inputs.mask_rows,
+                                          num_threads=self.config.mask_threads)
+                mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(dev, non_blocking=True)
         meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
         steps: list[torch.Tensor] = []
         with times.phase("forward_launch"):
@@ -335,11 +343,22 @@ class ModelRunner:
                                                  meta=meta)
                 hidden, _ = self._forward(inputs)
                 logits = self.model.compute_logits(hidden)
-                steps.append(masked_sample(logits, None, None, temperature, seeds[k],
+                bitmask = None
+                if grammar is not None:  # the host's part, while the forward pass runs
+                    with times.phase("mask_fill"):
+                        host = self.new_bitmask(grammar.num_rows)
+                        grammar.fill(steps[-1].tolist() if steps else None, host)
+                    with times.phase("mask_upload"):
+                        bitmask = self._bitmasks.to_device(host)
+                steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
                                            vocab_size=self.vocab_size))
         with times.phase("sample_and_sync"):
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
-        return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
+        if grammar is None:
+            return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
+        grammar.accept([row[-1] for row in tokens])
+        return RunnerOutput(tokens, [[None] * num_steps for _ in tokens],
+                            accepted=grammar.accepted_rows)
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor, str]:
         """The hidden states, and how they were made: a graph's kind, or "eager"."""

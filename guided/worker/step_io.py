@@ -83,3 +83,5 @@ class RunnerOutput:
     logprobs: list[list]  # per scheduled request: per sampled token (lp, top) or None
     # per scheduled request sampled unmasked: its j-th sampled token's candidates, best first
     candidates: dict[int, dict[int, list[int]]] = dataclasses.field(default_factory=dict)
+    # scheduled requests whose matchers took their sampled tokens already (multi-step decode)
+    accepted: frozenset[int] = frozenset()
