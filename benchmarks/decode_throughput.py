@@ -12,6 +12,7 @@ device-to-device copy (read + write counted).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -112,6 +113,7 @@ def main() -> None:
                   + (f" (floor {floor_ms:.2f} ms)" if floor_ms else ""), file=sys.stderr)
         engine.shutdown()
         del engine
+        gc.collect()  # the engine's cycles hold its KV cache until collected (the next one OOMs)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
-#   (and chat, shared-prefix)
+#   (and chat, shared-prefix; status-ratio's steady state also needs
+#   python benchmarks/serve.py --workload json --num-requests 1024 --export-workload .work/json1024.jsonl)
 set -uo pipefail
 out=${OUT:-/tmp/guided-gpu}
 mkdir -p "$out"
