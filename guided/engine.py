@@ -193,22 +193,18 @@ class Engine:
                 times.count("multi_steps")
                 self._prefetch.clear()  # rows filled ahead are one step's: the steps move on
                 result = self.runner.execute_decode_steps(sched, num_steps)
-                with times.phase("update"):
-                    self._update(sched, result.sampled, result.logprobs, multi_step=True,
-                                 accepted=result.accepted)
-                self._ask_drafts()
-                self._propose()
-                return self._collect_outputs()
-            times.count("steps")
-            constrained = [item.masked for item in sched.scheduled]
-            result = self.runner.execute(sched, constrained,
-                                         lambda bitmask: self._fill_masks(sched, bitmask))
-            self._prefetch.clear()  # consumed: the update below moves the matchers on
+            else:
+                times.count("steps")
+                result = self.runner.execute(sched, [item.masked for item in sched.scheduled],
+                                             lambda bitmask: self._fill_masks(sched, bitmask))
+                self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
-                self._update(sched, result.sampled, result.logprobs, result.candidates)
+                self._update(sched, result.sampled, result.logprobs, result.candidates,
+                             multi_step=num_steps > 1, accepted=result.accepted)
             self._ask_drafts()
             self._propose()
-            if self._shards is None and any(r.matcher is not None for r in self.scheduler.running):
+            if num_steps == 1 and self._shards is None and any(
+                    r.matcher is not None for r in self.scheduler.running):
                 self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
                                       and not r.is_finished
                                       and not (self.lazy_masks and may_sample_unmasked(r))])
@@ -237,9 +233,9 @@ class Engine:
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 candidates: dict[int, dict[int, list[int]]] | None = None, *,
                 multi_step: bool = False, accepted: frozenset[int] = frozenset()) -> None:
-        """multi_step: a request's tokens come from consecutive decode steps, not drafts;
-        accepted: the rows whose matchers hold their tokens already (RunnerOutput.accepted).
-        candidates: rows sampled unmasked, their best tokens (RunnerOutput.candidates)."""
+        """multi_step: a request's tokens come from consecutive decode steps, not drafts; the
+        rows in `accepted` were fed to their matchers already. candidates: rows sampled
+        unmasked, their best tokens (RunnerOutput.candidates)."""
         candidates = candidates or {}
         num_passes = len(sampled[0]) if multi_step else 1
         self.stats_totals.forward_passes_total += num_passes

@@ -1,5 +1,7 @@
-"""Python lists to CPU tensors, the fast way."""
+"""Python lists to CPU tensors and back, the fast way."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -12,3 +14,15 @@ def list_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
     converts Python numbers without torch's per-element dispatch. A step at 256 requests builds
     ~10 such tensors, a 256 x 48 block table among them (benchmarks/bench_host_lists.py)."""
     return torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
+
+
+def list_later(values: torch.Tensor) -> Callable[[], list]:
+    """Queue a device tensor's copy to the host now; the returned call waits for that copy
+    alone and gives its list (a .tolist() later would wait for all work queued after it)."""
+    if values.device.type != "cuda":
+        return values.tolist
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return lambda: (copied.synchronize(), host.tolist())[1]

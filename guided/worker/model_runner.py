@@ -21,7 +21,7 @@ from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.device_timeline import DeviceTimeline
 from guided.worker.host_bitmasks import HostBitmasks
-from guided.worker.host_lists import list_tensor
+from guided.worker.host_lists import list_later, list_tensor
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
 from guided.worker.sampler import RowSource, position_seed, rows_for, sample_on_device
@@ -329,6 +329,7 @@ class ModelRunner:
                 mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(dev, non_blocking=True)
         meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
         steps: list[torch.Tensor] = []
+        previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
         with times.phase("forward_launch"):
             for k in range(num_steps):
                 if k:  # advance every request by the token it just sampled
@@ -347,11 +348,13 @@ class ModelRunner:
                 if grammar is not None:  # the host's part, while the forward pass runs
                     with times.phase("mask_fill"):
                         host = self.new_bitmask(grammar.num_rows)
-                        grammar.fill(steps[-1].tolist() if steps else None, host)
+                        grammar.fill(None if previous is None else previous(), host)
                     with times.phase("mask_upload"):
                         bitmask = self._bitmasks.to_device(host)
                 steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
                                            vocab_size=self.vocab_size))
+                if grammar is not None:  # queued before the next forward pass, not after it
+                    previous = list_later(steps[-1])
         with times.phase("sample_and_sync"):
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         if grammar is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guided.worker.host_lists import list_tensor
+from guided.worker.host_lists import list_later, list_tensor
 
 
 @pytest.mark.parametrize("values, dtype", [
@@ -23,3 +23,18 @@ def test_list_tensor_equals_torch_tensor(values, dtype):
 def test_list_tensor_refuses_what_does_not_fit():
     with pytest.raises(OverflowError):
         list_tensor([2**63], torch.int64)
+
+
+def test_list_later_reads_the_values_when_called():
+    values = torch.arange(7, dtype=torch.int64)
+    assert list_later(values)() == list(range(7))
+
+
+@pytest.mark.gpu
+def test_list_later_copies_what_was_queued_before_it():
+    """The copy is queued at the call: work queued after it (the next step's forward pass)
+    neither changes what it reads nor has to finish first."""
+    values = torch.arange(1024, device="cuda")
+    later = list_later(values)
+    values.add_(1)  # queued after the copy
+    assert later() == list(range(1024))
