@@ -6,19 +6,12 @@ shapes of a step at 256 requests (CPU, one table):
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from common import per_call_us
+
 from guided.worker.host_lists import list_tensor
-
-
-def per_call_us(fn, repeats: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def main() -> None:

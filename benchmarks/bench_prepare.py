@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ try:
 except ImportError:  # run from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import per_call_us
 from guided.engine import Engine
 from guided.params import SamplingParams
 from guided.scheduler.request import Request, RequestStatus
@@ -56,14 +56,6 @@ def make_step(num_requests: int, num_drafts: int, block_size: int, *, placeholde
         if placeholders:
             holes[b] = b * (num_drafts + 1) + num_drafts
     return SchedulerOutput(scheduled, num_requests * (1 + num_drafts)), holes
-
-
-def per_call_us(fn, repeats: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def main() -> None:

@@ -22,6 +22,15 @@ BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
 MAX_SCHEMA_CHARS = 1200  # longer schema texts are cut in the prompt (the constraint is whole)
 
 
+def per_call_us(fn, repeats: int) -> float:
+    """Mean microseconds of a call of fn, after one untimed call."""
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
 @dataclass(slots=True)
 class SchemaCase:
     id: str

@@ -37,17 +37,17 @@ class DecodeStepMasks:
             self.accept(previous)
         live = []
         for b, request, row in self._rows:
-            if b in self._refused or request.matcher.is_terminated():
-                bitmask[row].fill_(-1)
-            else:
+            if self._takes_more(b, request):
                 live.append((request.matcher, row))
+            else:
+                bitmask[row].fill_(-1)
         fill_bitmasks(live, bitmask, num_threads=self._num_threads)
 
     def accept(self, tokens: list[int]) -> None:
         """Each live constrained row's matchers take its token (the last step's tokens too,
         once the call is done, so that every row's matchers stand where its tokens end)."""
         for b, request, _ in self._rows:
-            if b in self._refused or request.matcher.is_terminated():
+            if not self._takes_more(b, request):
                 continue
             if request.accept_committed(tokens[b]):
                 self._accepted[b] += 1
@@ -57,3 +57,7 @@ class DecodeStepMasks:
                 if request.draft_matcher not in (None, request.matcher):
                     request.draft_matcher.rollback(self._accepted[b])
                 self._accepted[b] = 0
+
+    def _takes_more(self, b: int, request) -> bool:
+        """Whether row b's grammar can take another token (it neither ended nor refused)."""
+        return b not in self._refused and not request.matcher.is_terminated()

@@ -21,8 +21,14 @@ def list_later(values: torch.Tensor) -> Callable[[], list]:
     alone and gives its list (a .tolist() later would wait for all work queued after it)."""
     if values.device.type != "cuda":
         return values.tolist
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
+    host = to_pinned(values)
     copied = torch.cuda.Event()
     copied.record()
     return lambda: (copied.synchronize(), host.tolist())[1]
+
+
+def to_pinned(values: torch.Tensor) -> torch.Tensor:
+    """A device tensor's copy to pinned host memory, queued (not waited for)."""
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    return host

@@ -11,7 +11,7 @@ import torch
 from guided.kernels.bitmask import apply_token_bitmask_, gumbel_noise_ref, masked_sample
 from guided.kernels.candidates import sample_candidates, scores_candidates
 from guided.params import SamplingParams
-from guided.worker.host_lists import list_tensor
+from guided.worker.host_lists import list_tensor, to_pinned
 
 _MASK64 = (1 << 64) - 1
 
@@ -175,9 +175,9 @@ class DeviceSample:
         self._candidate_rows = candidate_rows
         self._host, self._host_candidates, self._ready = token_ids, candidates, None
         if token_ids.is_cuda:
-            self._host = _to_pinned(token_ids)
+            self._host = to_pinned(token_ids)
             if candidates is not None:
-                self._host_candidates = _to_pinned(candidates)
+                self._host_candidates = to_pinned(candidates)
             self._ready = torch.cuda.Event()
             self._ready.record()
 
@@ -199,12 +199,6 @@ class DeviceSample:
                     top = list(zip(idx.tolist(), vals.tolist()))
                 logprobs[i] = (float(lps[j][token_ids[i]]), top)
         return SamplerOutput(token_ids, logprobs, candidates)
-
-
-def _to_pinned(t: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
 
 
 def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
