@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_suite.sh paired      # constrained / free, overlapped vs synchronous (MODEL=...)
 #   bash benchmarks/gpu_suite.sh status-ratio  # issue 6's checks, one call each (MODEL=...):
 #   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
+#   bash benchmarks/gpu_suite.sh multistep   # constrained / free with 8 decode steps a call (MODEL=...)
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
 #   (and chat, shared-prefix; status-ratio's steady state also needs
@@ -67,6 +68,17 @@ status-ratio)
   run --workload $w/json.jsonl --num-requests 256 --concurrency 64 --rounds 3
   [ "$M" = default ] || python benchmarks/decode_throughput.py --model $M --batch 1 \
     --scheduler-steps 1,8 2>>"$out/status.err" | tee -a "$out/status_ratio.md"
+  ;;
+multistep)
+  # constrained / free at 256 and 64 with 8 decode steps a scheduler call (synchronous), jump-
+  # forward off and on, beside the default (overlapped, one step a call) in the same process order
+  run() { python benchmarks/engine_offline.py --model $M --workload $w/json.jsonl --max-tokens 256 \
+    --num-requests 256 --paired --rounds 3 "$@" 2>>"$out/multistep.err" | tee -a "$out/multistep.md"; }
+  for c in 256 64; do
+    run --concurrency $c --no-jump-forward --set num_scheduler_steps=8
+    run --concurrency $c --set num_scheduler_steps=8
+    run --concurrency $c
+  done
   ;;
 status-serve)
   # through the server: 512 JSON-schema requests at concurrency 64, cold caches then warm,

@@ -200,13 +200,13 @@ class Engine:
                 self._prefetch.clear()  # consumed: the update below moves the matchers on
             with times.phase("update"):
                 self._update(sched, result.sampled, result.logprobs, result.candidates,
-                             multi_step=num_steps > 1, accepted=result.accepted)
+                             num_steps=num_steps, accepted=result.accepted)
             self._ask_drafts()
             self._propose()
             if num_steps == 1 and self._shards is None and any(
                     r.matcher is not None for r in self.scheduler.running):
                 self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
-                                      and not r.is_finished
+                                      and not r.is_finished and r.side_fill is None
                                       and not (self.lazy_masks and may_sample_unmasked(r))])
         return self._collect_outputs()
 
@@ -214,8 +214,10 @@ class Engine:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
         if self.config.jump_forward:  # its own where a mask thread walks `matcher` meanwhile
-            request.draft_matcher = (grammar.matcher() if self.overlap and (
-                self.config.concurrent_masks or request.matcher.heavy) else request.matcher)
+            side_filled = request.matcher.heavy and (  # fills kept past a step or a call
+                self.overlap or self.config.num_scheduler_steps > 1)
+            request.draft_matcher = (grammar.matcher() if side_filled or self.overlap
+                                     and self.config.concurrent_masks else request.matcher)
         if request.params.json_schema is not None or request.params.json_object:
             request.json_string = OUTSIDE  # its text's strings end its lazy runs
         request.metrics.compiled_time = time.time()
@@ -232,12 +234,13 @@ class Engine:
 
     def _update(self, sched: SchedulerOutput, sampled: list[list[int]], logprobs: list[list],
                 candidates: dict[int, dict[int, list[int]]] | None = None, *,
-                multi_step: bool = False, accepted: frozenset[int] = frozenset()) -> None:
-        """multi_step: a request's tokens come from consecutive decode steps, not drafts; the
-        rows in `accepted` were fed to their matchers already. candidates: rows sampled
-        unmasked, their best tokens (RunnerOutput.candidates)."""
+                num_steps: int = 1, accepted: frozenset[int] = frozenset()) -> None:
+        """num_steps > 1: a request's tokens come from consecutive decode steps, not drafts
+        (a row may have fewer: a late heavy row stopped); the rows in `accepted` were fed to
+        their matchers already. candidates: rows sampled unmasked, their best tokens
+        (RunnerOutput.candidates)."""
         candidates = candidates or {}
-        num_passes = len(sampled[0]) if multi_step else 1
+        multi_step, num_passes = num_steps > 1, num_steps
         self.stats_totals.forward_passes_total += num_passes
         for b, (item, tokens, lps) in enumerate(zip(sched.scheduled, sampled, logprobs)):
             request = item.request

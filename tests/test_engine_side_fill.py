@@ -5,13 +5,16 @@ the position runs again, reading the rows then); outputs valid."""
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 import pytest
 
 from guided import LLM, SamplingParams
+from guided.fsm import side_fill
 from guided.fsm.backends import xgrammar_backend
 from guided.overlap import OverlappedSteps
+from guided.worker.model_runner import ModelRunner
 
 NOTE = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
                                          "note": {"type": "string", "maxLength": 300},
@@ -71,3 +74,47 @@ def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards, late):
         assert engine.stats().kv_blocks_in_use == 0
     finally:
         side.engine.shutdown()
+
+
+class _DeviceDone:
+    """A forward pass always finished: a multi-step call never waits for a heavy row."""
+
+    @staticmethod
+    def query() -> bool:
+        return True
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
+    """Multi-step decode over heavy and light rows: the tokens of one step at a time. Late:
+    every heavy fill takes 10 ms and the device never waits, so a heavy row stops its request
+    for the rest of each call where its fill is not in (the next call takes the kept fill)."""
+    single = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=False)
+    try:
+        want = run(single)
+    finally:
+        single.engine.shutdown()
+    multi = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", num_scheduler_steps=4,
+                jump_forward=False)
+    try:
+        engine = multi.engine
+        if late:
+            slow_fill = side_fill.fill_draft_rows
+
+            def fill_in_10_ms(*args, **kwargs):
+                time.sleep(0.01)
+                return slow_fill(*args, **kwargs)
+
+            monkeypatch.setattr(side_fill, "fill_draft_rows", fill_in_10_ms)
+            monkeypatch.setattr(ModelRunner, "_mark_forward_done", lambda self: _DeviceDone)
+        got = run(multi)
+        assert engine.step_times.counts["multi_steps"] > 0
+        assert bool(engine.step_times.counts.get("late_rows")) is late
+        for a, b in zip(got, want):
+            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        for i, out in enumerate(got):
+            if out.finish_reason == "stop":
+                jsonschema.validate(json.loads(out.text), NOTE if i % 2 else PERSON)
+        assert engine.stats().kv_blocks_in_use == 0
+    finally:
+        multi.engine.shutdown()

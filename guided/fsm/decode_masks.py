@@ -2,13 +2,27 @@
 constrained requests: before each step's sampling, every constrained row's matcher takes the
 token the step before sampled and fills the row of the step's mask, while the device runs the
 step's forward pass. The host does no scheduling, input building or update between the steps,
-only this; the tokens are appended once, after the call (Engine._update)."""
+only this; the tokens are appended once, after the call (Engine._update).
+
+Heavy rows (a long counted repetition: milliseconds a row, fsm/side_fill.py) fill on side
+threads beside the others. One not filled by the time the device has finished the step's
+forward pass is late: its request stops for the rest of the call with the tokens it has (its
+later samples are dropped), and the fill is kept on the request for its next call, which finds
+the matcher in the same state. So one heavy request in a batch of 256 neither holds every step
+nor keeps the batch out of multi-step calls; it decodes at the pace its rows are filled."""
 from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
 from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.fsm.side_fill import SideFill, start_side_fill
+from guided.scheduler.request import Request
 from guided.scheduler.scheduler import SchedulerOutput
+
+GIVE_UP_POLL = 2e-4  # seconds between looks at the device while heavy rows fill
 
 
 class DecodeStepMasks:
@@ -21,6 +35,7 @@ class DecodeStepMasks:
         self._num_threads = num_threads
         self._accepted = {b: 0 for b, _, _ in self._rows}  # tokens each matcher took here
         self._refused: set[int] = set()  # rows whose grammar refused a token
+        self._late: set[int] = set()  # heavy rows stopped where their fill was not ready
 
     @property
     def accepted_rows(self) -> frozenset[int]:
@@ -29,19 +44,32 @@ class DecodeStepMasks:
         call began, so the update feeds it and ends the request at the refused token."""
         return frozenset(b for b, _, _ in self._rows if b not in self._refused)
 
-    def fill(self, previous: list[int] | None, bitmask: torch.Tensor) -> None:
+    @property
+    def kept(self) -> dict[int, int]:
+        """Late rows: how many of their tokens stand (those sampled before they stopped)."""
+        return {b: self._accepted[b] for b in self._late}
+
+    def fill(self, previous: list[int] | None, bitmask: torch.Tensor,
+             give_up: Callable[[], bool] | None = None) -> None:
         """previous: the tokens the step before sampled (one per scheduled request; None
-        before the first step). Rows that can take nothing more (ended, refused) allow every
-        token: what they sample lies past their finish and is dropped."""
+        before the first step). Rows that can take nothing more (ended, refused, late) allow
+        every token: what they sample lies past where they stop and is dropped. give_up:
+        whether the device has finished the step's forward pass, so that waiting longer for a
+        heavy row would hold it (None: heavy rows are waited for)."""
         if previous is not None:
             self.accept(previous)
-        live = []
+        live, heavy = [], []
         for b, request, row in self._rows:
-            if self._takes_more(b, request):
-                live.append((request.matcher, row))
-            else:
+            if not self._takes_more(b, request):
                 bitmask[row].fill_(-1)
+            elif request.matcher.heavy:  # started first: they fill beside the others
+                heavy.append((b, request, row,
+                              self._side_fill(b, request, bitmask.shape[1])))
+            else:
+                live.append((request.matcher, row))
         fill_bitmasks(live, bitmask, num_threads=self._num_threads)
+        if heavy:
+            self._take_heavy(heavy, bitmask, give_up)
 
     def accept(self, tokens: list[int]) -> None:
         """Each live constrained row's matchers take its token (the last step's tokens too,
@@ -59,5 +87,38 @@ class DecodeStepMasks:
                 self._accepted[b] = 0
 
     def _takes_more(self, b: int, request) -> bool:
-        """Whether row b's grammar can take another token (it neither ended nor refused)."""
-        return b not in self._refused and not request.matcher.is_terminated()
+        """Whether row b's grammar can take another token (it neither ended, refused nor
+        stopped late; a late row's matcher is its side thread's: not asked)."""
+        return (b not in self._refused and b not in self._late
+                and not request.matcher.is_terminated())
+
+    def _side_fill(self, b: int, request, words: int) -> SideFill:
+        """The fill of a heavy row's next mask: one kept from an earlier call or step that
+        serves its state (the committed tokens, and those its matcher took in this call), or
+        a new one."""
+        num_tokens = len(request.output_token_ids) + self._accepted[b]
+        fill = request.side_fill
+        if fill is not None and not fill.serves(num_tokens, []):
+            fill.future.exception()  # it walks the matcher: let it end first
+            fill = None
+        if fill is None:
+            fill = request.side_fill = start_side_fill(
+                request.matcher, [], num_tokens, words, num_threads=self._num_threads)
+        return fill
+
+    def _take_heavy(self, heavy: list[tuple[int, Request, int, SideFill]], bitmask: torch.Tensor,
+                    give_up: Callable[[], bool] | None) -> None:
+        """Copies in the heavy rows filled by the time the device would wait; stops the rest
+        (their fills run on, kept on their requests)."""
+        running = [fill.future for *_, fill in heavy if not fill.done]
+        while running and not (give_up is not None and give_up()):
+            wait(running, timeout=None if give_up is None else GIVE_UP_POLL,
+                 return_when=FIRST_COMPLETED)
+            running = [future for future in running if not future.done()]
+        for b, request, row, fill in heavy:
+            if fill.done:
+                request.side_fill = None
+                bitmask[row] = fill.rows()[0]
+            else:
+                self._late.add(b)
+                bitmask[row].fill_(-1)

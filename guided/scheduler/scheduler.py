@@ -355,9 +355,10 @@ class Scheduler:
 
 def _is_plain_decode(item: ScheduledRequest, grammar_ok: bool) -> bool:
     """One new token to sample and nothing the host must do between steps but, where
-    grammar_ok, a grammar's accept and mask row (not a heavy grammar's, whose rows take
-    milliseconds): no drafts, no logprobs, no sampling filter or penalty (the slow path)."""
+    grammar_ok, a grammar's accept and mask row (a heavy grammar's too: one late stops its
+    request for the rest of the call, fsm/decode_masks.py): no drafts, no logprobs, no
+    sampling filter or penalty (the slow path)."""
     r, p = item.request, item.request.params
     return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
-            and (r.matcher is None or grammar_ok and not r.matcher.heavy)
+            and (r.matcher is None or grammar_ok)
             and p.logprobs is None and not p.needs_slow_sampling)

@@ -258,11 +258,16 @@ class ModelRunner:
             if inputs.logits_indices.numel():
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
             self.timeline.mark(f"{kind} end")
-            done = None
-            if self.device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()
-        return LaunchedStep(inputs, logits, done)
+        return LaunchedStep(inputs, logits, self._mark_forward_done())
+
+    def _mark_forward_done(self) -> torch.cuda.Event | None:
+        """An event the device reaches once the work queued so far (a forward pass) is done;
+        None on the CPU, where that work ran within its launch."""
+        if self.device.type != "cuda":
+            return None
+        done = torch.cuda.Event()
+        done.record()
+        return done
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep, bitmask_host: torch.Tensor | None,
@@ -346,9 +351,11 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden)
                 bitmask = None
                 if grammar is not None:  # the host's part, while the forward pass runs
+                    done = self._mark_forward_done()
                     with times.phase("mask_fill"):
                         host = self.new_bitmask(grammar.num_rows)
-                        grammar.fill(None if previous is None else previous(), host)
+                        grammar.fill(None if previous is None else previous(), host,
+                                     give_up=None if done is None else done.query)
                     with times.phase("mask_upload"):
                         bitmask = self._bitmasks.to_device(host)
                 steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
@@ -360,7 +367,10 @@ class ModelRunner:
         if grammar is None:
             return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
         grammar.accept([row[-1] for row in tokens])
-        return RunnerOutput(tokens, [[None] * num_steps for _ in tokens],
+        for b, num in grammar.kept.items():  # late heavy rows stopped there
+            times.count("late_rows")
+            tokens[b] = tokens[b][:num]
+        return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
                             accepted=grammar.accepted_rows)
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor, str]:

@@ -74,3 +74,43 @@ def test_a_refused_token_walks_the_row_back_for_the_update(compiler, tokenizer):
         "walked back to where the call began: the update feeds it again and finds the refusal"
     masks.fill([a, a], bitmask)  # a refused row takes nothing more and allows everything
     assert int(bitmask[1].eq(-1).all())
+
+
+def test_a_late_heavy_row_stops_its_request_and_its_fill_is_kept(compiler, tokenizer,
+                                                                   monkeypatch):
+    """A heavy row not filled when the device is done stops its request for the rest of the
+    call with the tokens it has; the next call takes the kept fill, which serves that state."""
+    from concurrent.futures import Future
+
+    from guided.fsm import decode_masks
+    from guided.fsm.side_fill import SideFill
+
+    sched, rows = batch(compiler, tokenizer, ["ab(c|d)", "x+"])
+    heavy = sched.scheduled[1].request
+    heavy.matcher.heavy = True
+    started: list[SideFill] = []
+
+    def held_fill(matcher, drafts, num_tokens, words, *, num_threads):
+        fill = SideFill(Future(), num_tokens, tuple(drafts))
+        started.append(fill)
+        return fill
+
+    monkeypatch.setattr(decode_masks, "start_side_fill", held_fill)
+    a, x = token(tokenizer, "a"), token(tokenizer, "x")
+    bitmask = torch.zeros(2, WORDS, dtype=torch.int32)
+    masks = DecodeStepMasks(sched, rows, num_threads=1)
+    masks.fill(None, bitmask, give_up=lambda: True)  # the device is done: no wait
+    assert masks.kept == {1: 0} and int(bitmask[1].eq(-1).all())
+    assert heavy.side_fill is started[0]  # kept on the request, its matcher untouched
+    masks.fill([a, x], bitmask, give_up=lambda: True)
+    masks.accept([token(tokenizer, "b"), x])
+    assert masks.kept == {1: 0} and len(started) == 1
+    assert masks.accepted_rows == frozenset({0, 1})  # its matcher holds its kept tokens: none
+
+    filled = torch.zeros(1, WORDS, dtype=torch.int32)
+    filled[0, x // 32] = 1 << (x % 32)
+    started[0].future.set_result(filled)
+    again = DecodeStepMasks(sched, rows, num_threads=1)
+    again.fill(None, bitmask, give_up=lambda: True)  # the kept fill serves the same state
+    assert again.kept == {} and heavy.side_fill is None and len(started) == 1
+    assert torch.equal(bitmask[1], filled[0])
