@@ -192,7 +192,10 @@ def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) ->
 def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
     """One token of every row, which compiles every grammar once; the rows not refused."""
     warm = run(engine, rows, 1, free=False, tag="w")
-    return [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+    kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
+    if not kept:
+        raise SystemExit("every grammar was refused: see the engine's log for why")
+    return kept
 
 
 def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
