@@ -13,13 +13,14 @@ it. One markdown table (CPU; ratios are what transfer, not times).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import workload_schemas
 
 from guided.config import EngineConfig
 from guided.fsm.compiler import GrammarCompiler
@@ -66,10 +67,8 @@ def main() -> None:
     parser.add_argument("--workload", required=True, help="a file from serve.py --export-workload")
     parser.add_argument("--num-requests", type=int, default=48)
     args = parser.parse_args()
-    with open(args.workload) as f:
-        rows = [json.loads(line) for line in f if line.strip()][:args.num_requests]
-    specs = [ConstraintSpec.json_schema(row["body"]["response_format"]["json_schema"]["schema"])
-             for row in rows]
+    specs = [ConstraintSpec.json_schema(schema)
+             for schema in workload_schemas(args.workload, args.num_requests)]
     tokenizer = load_tokenizer("default")
     alone_rate = spin_rate(2.0)
     print(f"\n{len(specs)} schemas of {args.workload}, compiled one at a time on one compile "

@@ -77,6 +77,12 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def workload_schemas(path: str, num: int) -> list[dict | bool]:
+    """The JSON schemas of the first num requests of a file from serve.py --export-workload."""
+    return [row["body"]["response_format"]["json_schema"]["schema"]
+            for row in _read_jsonl(Path(path))[:num]]
+
+
 def load_jsonschemabench(data_dir: Path, subsets: Iterable[str] | None = None
                          ) -> dict[str, list[SchemaCase]]:
     """subset -> its schemas (subsets without a file are left out)."""

@@ -15,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import workload_schemas
+
 from guided.config import EngineConfig
 from guided.fsm.compiler import GrammarCompiler
 from guided.params import ConstraintSpec
@@ -38,9 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     import xgrammar as xgr
 
-    with open(args.workload) as f:
-        rows = [json.loads(line) for line in f if line.strip()][:args.num_requests]
-    schemas = [row["body"]["response_format"]["json_schema"]["schema"] for row in rows]
+    schemas = workload_schemas(args.workload, args.num_requests)
     tokenizer = loader.load_tokenizer("default")
     ours = GrammarCompiler(tokenizer, vocab_size=len(tokenizer),
                            config=EngineConfig(grammar_cache_size=1))
