@@ -74,8 +74,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     compile_ops: bool = True  # torch.compile the elementwise ops on the GPU (fused kernels)
     num_scheduler_steps: int = 1  # >1: multi-step decode for batches that allow it (no overlap)
-    # multi-step decode for constrained requests too (not heavy ones, nor while they have
-    # drafts): their matchers fill each step's mask rows while the device runs its forward
+    # multi-step decode for constrained requests too (not while they have drafts): their
+    # matchers fill each step's mask rows while the device runs its forward pass
     multi_step_constrained: bool = True
     # overlapped scheduling: the host updates step t and prepares t+2 while the device runs
     # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)

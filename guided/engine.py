@@ -203,8 +203,7 @@ class Engine:
                              num_steps=num_steps, accepted=result.accepted)
             self._ask_drafts()
             self._propose()
-            if num_steps == 1 and self._shards is None and any(
-                    r.matcher is not None for r in self.scheduler.running):
+            if num_steps == 1 and self._shards is None:  # none constrained: nothing to start
                 self._prefetch.start([r for r in self.scheduler.running if r.matcher is not None
                                       and not r.is_finished and r.side_fill is None
                                       and not (self.lazy_masks and may_sample_unmasked(r))])
@@ -213,11 +212,11 @@ class Engine:
     def _make_matcher(self, request: Request) -> None:
         grammar = request.grammar_future.result()  # raises ConstraintError on a failed compile
         request.matcher = grammar.matcher()
-        if self.config.jump_forward:  # its own where a mask thread walks `matcher` meanwhile
-            side_filled = request.matcher.heavy and (  # fills kept past a step or a call
+        if self.config.jump_forward:  # its own where a mask thread or a side fill kept past
+            # a step or a call (a heavy row's) walks `matcher` meanwhile
+            own = self.overlap and self.config.concurrent_masks or request.matcher.heavy and (
                 self.overlap or self.config.num_scheduler_steps > 1)
-            request.draft_matcher = (grammar.matcher() if side_filled or self.overlap
-                                     and self.config.concurrent_masks else request.matcher)
+            request.draft_matcher = grammar.matcher() if own else request.matcher
         if request.params.json_schema is not None or request.params.json_object:
             request.json_string = OUTSIDE  # its text's strings end its lazy runs
         request.metrics.compiled_time = time.time()
@@ -240,8 +239,7 @@ class Engine:
         their matchers already. candidates: rows sampled unmasked, their best tokens
         (RunnerOutput.candidates)."""
         candidates = candidates or {}
-        multi_step, num_passes = num_steps > 1, num_steps
-        self.stats_totals.forward_passes_total += num_passes
+        self.stats_totals.forward_passes_total += num_steps  # one forward pass a step
         for b, (item, tokens, lps) in enumerate(zip(sched.scheduled, sampled, logprobs)):
             request = item.request
             if item.voided:  # it assumed drafts its previous step rejected
@@ -249,7 +247,7 @@ class Engine:
                 continue
             if request.is_finished:  # finished (or aborted) while the step ran
                 continue
-            request.metrics.forward_passes += num_passes
+            request.metrics.forward_passes += num_steps
             # preempted while the step ran: its tokens stand, its cache is gone
             keep_cache = request.status is RequestStatus.RUNNING
             base = request.num_computed_tokens + item.num_new_tokens
@@ -257,7 +255,7 @@ class Engine:
                 if keep_cache:
                     self.scheduler.commit_computed(request, base)
                 continue
-            if multi_step:  # tokens past a finish are dropped; drafts made before are stale
+            if num_steps > 1:  # tokens past a finish are dropped; drafts made before are stale
                 request.draft_token_ids, request.draft_anchor = [], None
                 num_appended = self._append(request, tokens, None, accepted=b in accepted)
                 if not request.is_finished:  # all but the last token were fed to the model

@@ -13,16 +13,13 @@ nor keeps the batch out of multi-step calls; it decodes at the pace its rows are
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
 from guided.fsm.bitmask_fill import fill_bitmasks
-from guided.fsm.side_fill import SideFill, start_side_fill
+from guided.fsm.side_fill import SideFill, side_fill_for, wait_fills
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import SchedulerOutput
-
-GIVE_UP_POLL = 2e-4  # seconds between looks at the device while heavy rows fill
 
 
 class DecodeStepMasks:
@@ -93,28 +90,16 @@ class DecodeStepMasks:
                 and not request.matcher.is_terminated())
 
     def _side_fill(self, b: int, request, words: int) -> SideFill:
-        """The fill of a heavy row's next mask: one kept from an earlier call or step that
-        serves its state (the committed tokens, and those its matcher took in this call), or
-        a new one."""
-        num_tokens = len(request.output_token_ids) + self._accepted[b]
-        fill = request.side_fill
-        if fill is not None and not fill.serves(num_tokens, []):
-            fill.future.exception()  # it walks the matcher: let it end first
-            fill = None
-        if fill is None:
-            fill = request.side_fill = start_side_fill(
-                request.matcher, [], num_tokens, words, num_threads=self._num_threads)
-        return fill
+        """The fill of a heavy row's next mask, for the committed tokens and those its
+        matcher took in this call."""
+        return side_fill_for(request, [], len(request.output_token_ids) + self._accepted[b],
+                             words, num_threads=self._num_threads)
 
     def _take_heavy(self, heavy: list[tuple[int, Request, int, SideFill]], bitmask: torch.Tensor,
                     give_up: Callable[[], bool] | None) -> None:
         """Copies in the heavy rows filled by the time the device would wait; stops the rest
         (their fills run on, kept on their requests)."""
-        running = [fill.future for *_, fill in heavy if not fill.done]
-        while running and not (give_up is not None and give_up()):
-            wait(running, timeout=None if give_up is None else GIVE_UP_POLL,
-                 return_when=FIRST_COMPLETED)
-            running = [future for future in running if not future.done()]
+        wait_fills([fill for *_, fill in heavy], give_up)
         for b, request, row, fill in heavy:
             if fill.done:
                 request.side_fill = None

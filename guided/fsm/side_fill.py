@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ import torch
 from guided.fsm.bitmask_fill import fill_draft_rows
 
 SIDE_SWITCH_INTERVAL = 0.0005
+GIVE_UP_POLL = 2e-4  # seconds between looks at the device while side fills run
 
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
@@ -82,6 +84,30 @@ def start_side_fill(matcher, drafts: list[int], num_tokens: int, words: int, *,
 
     _enter()
     return SideFill(pool.submit(fill), num_tokens, tuple(drafts))
+
+
+def side_fill_for(request, drafts: list[int], num_tokens: int, words: int, *,
+                  num_threads: int) -> SideFill:
+    """The request's side fill for this state (its matcher holding num_tokens committed
+    tokens, these drafts): the one kept from a step or call that gave up on it, where it
+    serves that state, else a new one (a stale one walks the matcher: it ends first)."""
+    fill = request.side_fill
+    if fill is not None and not fill.serves(num_tokens, drafts):
+        fill.future.exception()
+        fill = None
+    if fill is None:
+        fill = request.side_fill = start_side_fill(request.matcher, drafts, num_tokens, words,
+                                                   num_threads=num_threads)
+    return fill
+
+
+def wait_fills(fills: list[SideFill], give_up: Callable[[], bool] | None) -> None:
+    """Until every fill is done or give_up (polled; None: never) says to stop waiting."""
+    running = [fill.future for fill in fills if not fill.done]
+    while running and not (give_up is not None and give_up()):
+        wait(running, timeout=None if give_up is None else GIVE_UP_POLL,
+             return_when=FIRST_COMPLETED)
+        running = [future for future in running if not future.done()]
 
 
 def _enter() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
 from guided.fsm.lazy_masks import lazy_row_ban, mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill
-from guided.fsm.side_fill import SideFill, start_side_fill
+from guided.fsm.side_fill import SideFill, side_fill_for, wait_fills
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 from guided.step_times import StepTimes
@@ -95,13 +94,7 @@ class MaskFill:
         """Copies in the heavy rows filled; marks the rest late (with give_up); the first
         error of a fill taken. A late fill runs on, kept on its request for the position's
         next run (nothing else walks that matcher meanwhile)."""
-        running = [s.fill.future for s in side if not s.fill.done]
-        while running:
-            if give_up is not None and give_up():
-                break
-            wait(running, timeout=None if give_up is None else 2e-4,
-                 return_when=FIRST_COMPLETED)
-            running = [f for f in running if not f.done()]
+        wait_fills([s.fill for s in side], give_up)
         error = None
         late: set[int] = set()
         for s in side:
@@ -244,14 +237,9 @@ def side_rows(sched: SchedulerOutput, heavy: list[tuple[Request, list[int], int]
     items = {id(item.request): item for item in sched.scheduled}
     out = []
     for request, drafts, first in heavy:
-        num_tokens = len(request.output_token_ids)  # the matcher holds the committed ones
-        fill = request.side_fill
-        if fill is not None and not fill.serves(num_tokens, drafts):
-            fill.future.exception()  # it walks the matcher: let it end first
-            fill = None
-        if fill is None:
-            fill = request.side_fill = start_side_fill(request.matcher, drafts, num_tokens,
-                                                       words, num_threads=num_threads)
+        # the matcher holds the committed tokens
+        fill = side_fill_for(request, drafts, len(request.output_token_ids), words,
+                             num_threads=num_threads)
         out.append(SideRows(fill, items[id(request)], first, len(drafts) + 1))
     return out
 

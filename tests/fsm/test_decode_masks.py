@@ -82,7 +82,7 @@ def test_a_late_heavy_row_stops_its_request_and_its_fill_is_kept(compiler, token
     call with the tokens it has; the next call takes the kept fill, which serves that state."""
     from concurrent.futures import Future
 
-    from guided.fsm import decode_masks
+    from guided.fsm import side_fill
     from guided.fsm.side_fill import SideFill
 
     sched, rows = batch(compiler, tokenizer, ["ab(c|d)", "x+"])
@@ -95,7 +95,7 @@ def test_a_late_heavy_row_stops_its_request_and_its_fill_is_kept(compiler, token
         started.append(fill)
         return fill
 
-    monkeypatch.setattr(decode_masks, "start_side_fill", held_fill)
+    monkeypatch.setattr(side_fill, "start_side_fill", held_fill)
     a, x = token(tokenizer, "a"), token(tokenizer, "x")
     bitmask = torch.zeros(2, WORDS, dtype=torch.int32)
     masks = DecodeStepMasks(sched, rows, num_threads=1)
