@@ -6,7 +6,11 @@ the grammar's output can look (compact and ", "/": " separators), feed the bytes
 accepted schema) is a soundness bug; a false reject costs coverage only. "Invalid" means invalid
 by the material's label *or* by jsonschema Draft 2020-12 with format checking (the contract).
 
-    python benchmarks/grammar_soundness.py [--limit N] [--workers N] [--mode bytes|tokens]
+    python benchmarks/grammar_soundness.py [--limit N] [--workers N] [--mode bytes|tokens] [--dfa]
+
+Without --dfa the xgrammar path is checked (dfa_masks off); --dfa checks the token-level DFA
+path (fsm/backends/dfa_backend.py): a schema it does not serve counts as refused ("dfa: ..."). It
+writes compact separators: use it with --compact.
 """
 from __future__ import annotations
 
@@ -112,7 +116,7 @@ class Checker:
     """Per-process state: one compiler, one tokenizer."""
 
     def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
-                 tokenizer=None):
+                 tokenizer=None, dfa: bool = False):
         from guided.config import EngineConfig
         from guided.fsm.compiler import GrammarCompiler
 
@@ -124,18 +128,19 @@ class Checker:
         self.tokenizer = tokenizer
         config = EngineConfig(any_whitespace=any_whitespace, max_whitespace=max_whitespace,
                               compile_timeout_s=timeout_s, compile_threads=1,
-                              grammar_cache_size=4)
+                              grammar_cache_size=4, dfa_masks=dfa)
         self.compiler = GrammarCompiler(self.tokenizer, vocab_size=len(self.tokenizer),
                                         config=config)
         self.eos = self.compiler.vocab.eos_token_ids[0]
         self.mode = mode
         self.any_whitespace = any_whitespace
+        self.dfa = dfa
 
     def close(self) -> None:
         self.compiler.shutdown()
 
-    def accepts(self, grammar, text: str) -> bool:
-        matcher = grammar.matcher()
+    def accepts(self, factory, text: str) -> bool:
+        matcher = factory()
         if self.mode == "bytes":
             ok = matcher.accept_bytes(text.encode("utf-8", "surrogatepass"))
         else:
@@ -164,6 +169,10 @@ class Checker:
         except ConstraintError as e:
             out.refused = str(e)
             return out
+        if self.dfa and grammar.backend != "dfa":
+            out.refused = "dfa: not served by the DFA (see dfa_backend.schema_regex)"
+            return out
+        factory = grammar.matcher
         try:
             validator = Draft202012Validator(case.schema,
                                              format_checker=Draft202012Validator.FORMAT_CHECKER)
@@ -179,13 +188,13 @@ class Checker:
                 texts = self.variants(value)
             except (TypeError, ValueError):
                 continue
-            accepted = any(self.accepts(grammar, t) for t in texts)
+            accepted = any(self.accepts(factory, t) for t in texts)
             if valid:
                 out.num_valid += 1
                 if not accepted:
                     normalized = _normalize_numbers(value)
                     if normalized != value or json.dumps(normalized) != json.dumps(value):
-                        if any(self.accepts(grammar, t) for t in self.variants(normalized)):
+                        if any(self.accepts(factory, t) for t in self.variants(normalized)):
                             out.artefacts += 1
                             continue
                     out.false_rejects.append(texts[0][:200])
@@ -200,12 +209,13 @@ class Checker:
 _checker: Checker | None = None
 
 
-def _init(mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float) -> None:
+def _init(mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
+          dfa: bool = False) -> None:
     global _checker
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)  # xgrammar's C++ warnings (ignored anchors, ...) flood stderr
-    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s)
+    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s, dfa=dfa)
 
 
 def _run(case: Case) -> Outcome:
@@ -214,6 +224,8 @@ def _run(case: Case) -> Outcome:
 
 
 def refusal_keyword(message: str) -> str:
+    if message.startswith("dfa: "):
+        return "(not served by the DFA)"
     if message.startswith("unsupported JSON Schema keyword '"):
         keyword = message.split("'")[1]
         if keyword == "format" and "format '" in message:
@@ -284,6 +296,8 @@ def main() -> None:
     parser.add_argument("--compact", action="store_true", help="any_whitespace=False")
     parser.add_argument("--max-whitespace", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--dfa", action="store_true",
+                        help="check the token-level DFA path (schemas it does not serve: refused)")
     parser.add_argument("--json-out", default=None, help="write per-schema outcomes here")
     args = parser.parse_args()
     cases = load_cases(args.limit)
@@ -298,7 +312,7 @@ def main() -> None:
         cases = [c for c in cases if c.schema_id not in done]
         print(f"resuming: {len(done)} outcomes read from {args.json_out}", flush=True)
     sink = open(args.json_out, "a") if args.json_out else None  # noqa: SIM115
-    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout)
+    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout, args.dfa)
     # big schemas first so the tail of the run is not one slow worker
     cases.sort(key=lambda c: -len(json.dumps(c.schema)))
     with mp.get_context("spawn").Pool(args.workers, initializer=_init,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -31,13 +32,14 @@ from guided.fsm.vocab import TokenVocab
 from guided.params import ConstraintSpec
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines"
+    backend: str  # "xgrammar" | "outlines" | "dfa"
     _make_matcher: Callable[[], Matcher] = field(repr=False)
 
     def matcher(self) -> Matcher:
@@ -59,6 +61,7 @@ class GrammarCompiler:
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
         self._xgrammar = XGrammarBackend(self.vocab, config)
         self._outlines = None
+        self._dfa_vocab = None
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
@@ -115,8 +118,10 @@ class GrammarCompiler:
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
+        from guided.fsm.backends.dfa_backend import DfaMatcher
         from guided.fsm.backends.outlines_backend import OutlinesMatcher
         from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, has_long_repetition
+        from guided.fsm.schema_check import check_schema
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
@@ -134,7 +139,12 @@ class GrammarCompiler:
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))
         if spec.kind == "json_schema":
-            compiled = xg.compile_json_schema(spec.value)
+            schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
+            dfa = self._dfa(schema) if self.config.dfa_masks else None
+            if dfa is not None:
+                return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
+                                       lambda: DfaMatcher(dfa, vocab))
+            compiled = xg.compile_checked_schema(schema)
         elif spec.kind == "json_object":
             compiled = xg.compile_json_object()
         elif spec.kind == "regex":
@@ -149,6 +159,25 @@ class GrammarCompiler:
         return CompiledGrammar(spec, seconds, "xgrammar",
                                lambda: XGrammarMatcher(compiled, vocab, ban=ban,
                                                        string_ban=string_ban, heavy=heavy))
+
+    def _dfa(self, schema: dict):
+        """The checked schema's token-level DFA, or None where its language is not served
+        exactly that way (xgrammar compiles it then)."""
+        from guided.fsm.backends.dfa_backend import DfaVocab, NotRegular, TokenDfa, schema_regex
+
+        try:
+            regex = schema_regex(schema)
+            with self._outlines_lock:
+                if self._dfa_vocab is None:
+                    self._dfa_vocab = DfaVocab(self.vocab)
+            return TokenDfa(regex, self._dfa_vocab)
+        except NotRegular as e:
+            log.debug("json schema on xgrammar: %s", e)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException
+            log.warning("json schema on xgrammar: outlines-core failed: %s", str(e)[:200])
+        return None
 
     def _outlines_backend(self):
         from guided.fsm.backends.outlines_backend import OutlinesBackend

@@ -107,7 +107,10 @@ class XGrammarBackend:
         return {"any_whitespace": False}  # compact separators ", " and ": "
 
     def compile_json_schema(self, schema_text: str) -> xgr.CompiledGrammar:
-        schema = check_schema(json.loads(schema_text))
+        return self.compile_checked_schema(check_schema(json.loads(schema_text)))
+
+    def compile_checked_schema(self, schema: dict) -> xgr.CompiledGrammar:
+        """A schema check_schema has rewritten already."""
         return self._run(lambda: self._compile(xgr.Grammar.from_json_schema(
             json.dumps(schema), strict_mode=True, **self.json_options())), "json_schema")
 

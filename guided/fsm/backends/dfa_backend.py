@@ -1,0 +1,284 @@
+"""Token-level DFA masks for JSON schemas: a schema whose language is regular is compiled to an
+outlines-core index of its regex, and each DFA state's mask row is written once and then copied.
+
+Why: xgrammar fills a row in ~50 us whatever the state (a pushdown automaton walked over the
+vocabulary), which at concurrency 256 is ~13 ms of host work a step, longer than a small model's
+forward pass. A token-level DFA's row depends on the state alone, so a state seen before costs a
+~1 us copy; the first visit costs what outlines-core takes to write it (~1 us in JSON structure,
+~50 us inside a string, whose state then recurs for every token of the string). Accepting a token
+is one hash lookup (~0.4 us). The forced continuation (jump-forward) of a state is the chain of
+states that allow a single next byte, probed through the single-byte tokens and memoized too.
+
+Exactness: only schemas (already rewritten by schema_check into what the grammar must admit)
+made of keywords whose regex is exact are served here (`schema_regex` says why not otherwise);
+the rest stay on xgrammar. Separators are xgrammar's compact ones (", " and ": ") so outputs read
+the same whichever backend serves the request.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import outlines_core as oc
+import torch
+from outlines_core.json_schema import build_regex_from_schema
+
+from guided.errors import ConstraintError
+from guided.fsm.matcher import MAX_ROLLBACK_TOKENS, Matcher
+from guided.fsm.schema_check import (
+    ARRAY_KEYWORDS,
+    NUMBER_KEYWORDS,
+    OBJECT_KEYWORDS,
+    STRING_KEYWORDS,
+)
+from guided.fsm.vocab import TokenVocab
+
+# the assertion keywords whose outlines-core regex admits only values that validate (after
+# schema_check's rewrite: formats and short length bounds are patterns by then)
+EXACT_KEYWORDS = frozenset({"type", "properties", "required", "items", "enum", "const",
+                            "minItems", "maxItems", "pattern", "anyOf", "oneOf",
+                            "additionalProperties", "$ref", "$defs", "definitions"})
+# every other assertion or applicator of the JSON Schema vocabularies keeps a schema on xgrammar
+# (numeric bounds, for one, are dropped by outlines-core); keywords of no vocabulary are
+# annotations (2020-12 ignores them, and so does outlines-core)
+OTHER_KEYWORDS = (NUMBER_KEYWORDS | STRING_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | {
+    "allOf", "not", "if", "then", "else", "format", "$dynamicRef", "$recursiveRef",
+    "$dynamicAnchor", "$recursiveAnchor", "contentMediaType", "contentEncoding",
+    "contentSchema"}) - EXACT_KEYWORDS
+MAX_REGEX_CHARS = 32_000  # larger regexes build indexes of seconds: xgrammar serves them
+_WS = "{WS}"  # a marker outlines-core cannot emit for a literal (it escapes braces)
+_MAX_FORCED_BYTES = 512
+
+
+class NotRegular(ConstraintError):
+    """The schema has a part the DFA path would not enforce exactly: xgrammar serves it (this
+    never reaches a client; it is the DFA future's answer)."""
+
+
+def schema_regex(schema: dict) -> str:
+    """The regex of an already rewritten schema (schema_check.check_schema), with xgrammar's
+    compact separators; raises NotRegular naming the first part it cannot serve exactly."""
+    _check_exact(schema, "")
+    try:
+        regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=_WS)
+    except BaseException as e:  # outlines-core raises (and panics) on what it does not support
+        raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
+    regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
+             .replace("," + _WS, ", ").replace(_WS, ""))
+    if len(regex) > MAX_REGEX_CHARS:
+        raise NotRegular(f"its regex has {len(regex)} characters (limit {MAX_REGEX_CHARS})")
+    return regex
+
+
+def _check_exact(node, pointer: str) -> None:
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        raise NotRegular(f"{pointer or '/'} is not a schema")
+    for key in node:
+        if key in OTHER_KEYWORDS:
+            raise NotRegular(f"keyword {key!r} at {pointer or '/'}")
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):
+        raise NotRegular(f"pattern with length bounds at {pointer or '/'}")
+    properties = node.get("properties", {})
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and not properties:
+        raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
+    if not set(node.get("required", ())) <= set(properties):
+        raise NotRegular(f"required names a property not declared at {pointer or '/'}")
+    for name, child in properties.items():
+        _check_exact(child, f"{pointer}/properties/{name}")
+    for key in ("$defs", "definitions"):
+        for name, child in node.get(key, {}).items():
+            _check_exact(child, f"{pointer}/{key}/{name}")
+    for key in ("anyOf", "oneOf"):
+        for i, child in enumerate(node.get(key, ())):
+            _check_exact(child, f"{pointer}/{key}/{i}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            _check_exact(node[key], f"{pointer}/{key}")
+
+
+class DfaVocab:
+    """One per tokenizer: the outlines-core vocabulary and the single-byte tokens."""
+
+    def __init__(self, vocab: TokenVocab):
+        token_map: dict[bytes, list[int]] = {}
+        for token_id, data in enumerate(vocab.token_bytes):
+            if data and token_id not in vocab.special_ids:
+                token_map.setdefault(data, []).append(token_id)
+        self.eos_id = vocab.eos_token_ids[0]  # the one stop token the index allows
+        self.vocabulary = oc.Vocabulary(self.eos_id, token_map)
+        self.num_words = (vocab.vocab_size + 31) // 32
+        single = {data[0]: ids[0] for data, ids in token_map.items() if len(data) == 1}
+        self.byte_tokens = sorted(single.items())  # (byte, token id)
+        # forced bytes are found by probing single-byte tokens: exact only if every byte a
+        # token can start with is one
+        self.probe_bytes = {data[0] for data in token_map} <= set(single)
+
+
+class TokenDfa:
+    """A schema's index and its memoized rows (int32 words, the bitmask convention of
+    Matcher), shared by every request of the schema and by the step's threads."""
+
+    def __init__(self, regex: str, vocab: DfaVocab):
+        self.index = oc.Index(regex, vocab.vocabulary)
+        self.vocab = vocab
+        self.rows = np.zeros((8, vocab.num_words), dtype=np.int32)  # (slots, words)
+        self._slots: dict[int, int] = {}  # state -> its row in `rows`
+        self._forced: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._slots)
+
+    def slot(self, state: int, guide: oc.Guide) -> int:
+        """The row of `state`, which `guide` stands in (written on the first visit)."""
+        slot = self._slots.get(state)
+        return slot if slot is not None else self._write(state, guide)
+
+    def _write(self, state: int, guide: oc.Guide) -> int:
+        with self._lock:
+            slot = self._slots.get(state)
+            if slot is not None:
+                return slot
+            slot = len(self._slots)
+            rows = self.rows
+            if slot == rows.shape[0]:  # readers hold the old table: publish a grown copy
+                rows = np.concatenate([rows, np.zeros_like(rows)])
+            guide.write_mask_into(rows[slot].ctypes.data, rows.shape[1], 4)
+            self.rows = rows  # before the slot: a reader that finds the slot finds its row
+            self._slots[state] = slot
+            return slot
+
+    def forced(self, state: int) -> bytes:
+        """The bytes every continuation from `state` starts with (b"" if none)."""
+        cached = self._forced.get(state)
+        if cached is not None:
+            return cached
+        if not self.vocab.probe_bytes:
+            return b""
+        chain, forced = [state], bytearray()
+        while len(forced) < _MAX_FORCED_BYTES:
+            step = self._single_byte(chain[-1])
+            if step is None or step[1] in chain:
+                break
+            forced.append(step[0])
+            chain.append(step[1])
+        forced = bytes(_complete_utf8(forced))
+        for i, s in enumerate(chain[:len(forced) + 1]):  # every state of the chain: its tail
+            self._forced.setdefault(s, forced[i:])
+        return self._forced[state]
+
+    def _single_byte(self, state: int) -> tuple[int, int] | None:
+        """(byte, next state) if a non-final state allows exactly one next byte."""
+        if self.index.is_final_state(state):
+            return None
+        found = None
+        next_state = self.index.get_next_state
+        for byte, token in self.vocab.byte_tokens:
+            target = next_state(state, token)
+            if target is not None:
+                if found is not None:
+                    return None
+                found = (byte, target)
+        return found
+
+
+def _complete_utf8(data: bytearray) -> bytearray:
+    """data without a trailing incomplete UTF-8 sequence (a forced string ends on a character)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return data
+        if byte >= 0xC0:  # a lead byte: keep its sequence only if complete
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
+
+
+class DfaMatcher(Matcher):
+    """A request's state in a TokenDfa (an outlines-core Guide, which keeps the rollback
+    window); EOS is ours to track, as the index has no transition for it."""
+
+    __slots__ = ("_dfa", "_eos", "_guide", "_num_tokens", "_terminated")
+
+    def __init__(self, dfa: TokenDfa, vocab: TokenVocab):
+        self._dfa = dfa
+        self._guide = oc.Guide(dfa.index, max_rollback=MAX_ROLLBACK_TOKENS)
+        self._eos = dfa.vocab.eos_id
+        self._num_tokens = len(vocab.token_bytes)
+        self._terminated = False
+
+    @property
+    def dfa(self) -> TokenDfa:
+        return self._dfa
+
+    def row_slot(self) -> int:
+        """The memoized row of the current state (not for a terminated matcher)."""
+        return self._dfa.slot(self._guide.get_state(), self._guide)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated or not 0 <= token_id < self._num_tokens:
+            return False
+        if token_id == self._eos:
+            if not self._dfa.index.is_final_state(self._guide.get_state()):
+                return False
+            self._terminated = True
+            return True
+        try:
+            self._guide.advance(token_id, return_tokens=False)
+        except ValueError:  # not allowed here
+            return False
+        return True
+
+    def ended_with(self, token_id: int) -> bool:
+        return token_id == self._eos and self._terminated
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._terminated:
+            bitmask[row].zero_()
+            return
+        slot = self.row_slot()
+        bitmask[row].numpy()[:] = self._dfa.rows[slot]
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if self._terminated:  # the EOS is the last token and the Guide never saw it
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self._guide.rollback_state(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def forced_string(self) -> bytes:
+        if self._terminated:
+            return b""
+        return self._dfa.forced(self._guide.get_state())
+
+    def accept_bytes(self, data: bytes) -> bool:
+        if self._terminated:
+            return False
+        byte_token = dict(self._dfa.vocab.byte_tokens)
+        tokens = [byte_token.get(b) for b in data]
+        if any(t is None for t in tokens) or not self._guide.accepts_tokens(tokens):
+            return False
+        for token in tokens:
+            self._guide.advance(token, return_tokens=False)
+        return True
+
+
+def fill_dfa_rows(items: list[tuple[DfaMatcher, int]], bitmask: torch.Tensor) -> None:
+    """Each matcher's memoized row copied into its bitmask row (bitmask: int32 on the CPU)."""
+    words = bitmask.numpy()
+    for matcher, row in items:
+        if matcher.is_terminated():
+            words[row] = 0
+        else:
+            slot = matcher.row_slot()
+            words[row] = matcher.dfa.rows[slot]
