@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 
 from common import add_offline_args
 
@@ -195,6 +196,14 @@ def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
     kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
     if not kept:
         raise SystemExit("every grammar was refused: see the engine's log for why")
+    backends = Counter()
+    for row in kept:
+        spec = params_for(row, 1, free=False).constraint
+        if spec is not None:
+            backends[engine.compiler.submit(spec).result().backend] += 1
+    print(f"  grammars of the {len(kept)} requests kept: "
+          + ", ".join(f"{n} {name}" for name, n in backends.most_common()),
+          file=sys.stderr, flush=True)
     return kept
 
 

@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_suite.sh status-ratio  # issue 6's checks, one call each (MODEL=...):
 #   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
 #   bash benchmarks/gpu_suite.sh multistep   # constrained / free with 8 decode steps a call (MODEL=...)
+#   bash benchmarks/gpu_suite.sh dfa C       # constrained / free at concurrency C with the token-level
+#                                            # DFA off, on, and on with 8 decode steps a call (MODEL=...)
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
 #   (and chat, shared-prefix; status-ratio's steady state also needs
@@ -79,6 +81,16 @@ multistep)
     run --concurrency $c --set num_scheduler_steps=8
     run --concurrency $c
   done
+  ;;
+dfa)
+  # JSON schemas on xgrammar alone (dfa_masks off) against the token-level DFA (the default),
+  # overlapped (the GPU default), then the DFA with 8 decode steps a call, jump-forward off
+  c=${2:-256}
+  run() { python benchmarks/engine_offline.py --model $M --workload $w/json.jsonl --max-tokens 256 \
+    --num-requests 256 --concurrency $c --paired --rounds 3 "$@" 2>>"$out/dfa.err" | tee -a "$out/dfa.md"; }
+  run --set dfa_masks=false
+  run
+  run --no-jump-forward --set num_scheduler_steps=8
   ;;
 status-serve)
   # through the server: 512 JSON-schema requests at concurrency 64, cold caches then warm,

@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GUIDED_DATA_DIR", "/work/shared/data"))
+WALK_STEPS = 400
+CLOSERS = (b'"', b"}", b"]", b'"}', b'"]', b"}]", b"]}")
 FILES = sorted(glob.glob(str(DATA / "json-schema-test-suite" / "*.jsonl"))) + sorted(
     glob.glob(str(DATA / "jsonschemabench" / "*.jsonl")))
 
@@ -52,6 +54,7 @@ class Outcome:
     artefacts: int = 0  # valid instances rejected only for their number formatting
     keywords: list = field(default_factory=list)
     compile_ms: float = 0.0
+    num_walks: int = 0  # random outputs of the grammar validated (--walks)
 
 
 def load_cases(limit_per_file: int | None = None, files: list[str] | None = None) -> list[Case]:
@@ -116,7 +119,7 @@ class Checker:
     """Per-process state: one compiler, one tokenizer."""
 
     def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
-                 tokenizer=None, dfa: bool = False):
+                 tokenizer=None, dfa: bool = False, walks: int = 0):
         from guided.config import EngineConfig
         from guided.fsm.compiler import GrammarCompiler
 
@@ -135,6 +138,7 @@ class Checker:
         self.mode = mode
         self.any_whitespace = any_whitespace
         self.dfa = dfa
+        self.walks = walks
 
     def close(self) -> None:
         self.compiler.shutdown()
@@ -147,6 +151,38 @@ class Checker:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             ok = all(matcher.accept_token(i) for i in ids)
         return ok and matcher.accept_token(self.eos) and matcher.is_terminated()
+
+    def walk(self, factory, rng) -> bytes | None:
+        """An output drawn at random, token by token, among what the grammar allows (short
+        tokens, and EOS once allowed after a while, so that strings and the walk end); None if
+        it did not end within the step budget."""
+        import numpy as np
+        import torch
+
+        matcher = factory()
+        token_bytes = self.compiler.vocab.token_bytes
+        row = torch.zeros((1, (self.compiler.vocab.vocab_size + 31) // 32), dtype=torch.int32)
+        out = b""
+        for step in range(WALK_STEPS):
+            matcher.fill_bitmask(row, 0)
+            ids = np.flatnonzero(np.unpackbits(row[0].numpy().view(np.uint8), bitorder="little"))
+            if len(ids) == 0:
+                return None
+            late = step > WALK_STEPS // 8
+            closers = [int(i) for i in ids if token_bytes[i] in CLOSERS] if late else []
+            if self.eos in ids and (len(ids) == 1 or late or rng.random() < .2):
+                token = self.eos
+            elif closers and rng.random() < 0.5:  # past a while, end strings and containers
+                token = rng.choice(closers)
+            else:
+                picks = [int(i) for i in rng.sample(list(ids), min(6, len(ids))) if i != self.eos]
+                token = min(picks, key=lambda i: len(token_bytes[i]))
+            if not matcher.accept_token(token):
+                raise RuntimeError(f"a token of its own mask was refused: {token}")
+            if token == self.eos:
+                return out
+            out += token_bytes[token]
+        return None
 
     def variants(self, value) -> list[str]:
         texts = serializations(value)
@@ -203,19 +239,43 @@ class Checker:
                 if accepted:
                     why = "label" if not label else "jsonschema-2020-12"
                     out.false_accepts.append((texts[0][:300], why))
+        self._walks(case, factory, validator, out)
         return out
+
+    def _walks(self, case: Case, factory, validator, out: Outcome) -> None:
+        """Random outputs of the grammar, each validated: one that fails is a false accept."""
+        import random
+
+        rng = random.Random(case.schema_id)
+        for _ in range(self.walks if validator is not None else 0):
+            text = self.walk(factory, rng)
+            if text is None:
+                continue
+            out.num_walks += 1
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                why = f"walk: not JSON: {e}"
+            else:
+                try:
+                    error = next(iter(validator.iter_errors(value)), None)
+                except Exception:  # noqa: BLE001 - e.g. unresolvable remote refs
+                    continue
+                why = None if error is None else f"walk: {error.message[:120]}"
+            if why is not None:
+                out.false_accepts.append((text.decode("utf-8", "replace")[:300], why))
 
 
 _checker: Checker | None = None
 
 
 def _init(mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
-          dfa: bool = False) -> None:
+          dfa: bool = False, walks: int = 0) -> None:
     global _checker
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)  # xgrammar's C++ warnings (ignored anchors, ...) flood stderr
-    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s, dfa=dfa)
+    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s, dfa=dfa, walks=walks)
 
 
 def _run(case: Case) -> Outcome:
@@ -278,6 +338,10 @@ def report(outcomes: list[Outcome], seconds: float) -> str:
     if fas:
         lines += ["", "False accepts (soundness bugs):"]
         lines += [f"- {sid}: {text} ({why})" for sid, (text, why) in fas[:50]]
+    walks = sum(o.num_walks for o in outcomes)
+    if walks:
+        lines += ["", f"{walks} random outputs of accepted grammars validated (--walks); "
+                  f"failures are listed with the false accepts"]
     lines += ["", f"({len(outcomes)} schemas in {seconds:.0f} s)"]
     return "\n".join(lines)
 
@@ -298,6 +362,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--dfa", action="store_true",
                         help="check the token-level DFA path (schemas it does not serve: refused)")
+    parser.add_argument("--walks", type=int, default=0,
+                        help="random outputs per accepted schema, each validated with jsonschema")
     parser.add_argument("--json-out", default=None, help="write per-schema outcomes here")
     args = parser.parse_args()
     cases = load_cases(args.limit)
@@ -312,7 +378,8 @@ def main() -> None:
         cases = [c for c in cases if c.schema_id not in done]
         print(f"resuming: {len(done)} outcomes read from {args.json_out}", flush=True)
     sink = open(args.json_out, "a") if args.json_out else None  # noqa: SIM115
-    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout, args.dfa)
+    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout, args.dfa,
+                 args.walks)
     # big schemas first so the tail of the run is not one slow worker
     cases.sort(key=lambda c: -len(json.dumps(c.schema)))
     with mp.get_context("spawn").Pool(args.workers, initializer=_init,

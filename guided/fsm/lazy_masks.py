@@ -80,7 +80,8 @@ def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
         allowed = allowed_counts(bitmask, [row for _, row in uncounted])
         counted = {**counted, **{row: n for (_, row), n in zip(uncounted, allowed.tolist())}}
     for request, row in last_rows:
-        request.mask_wide = counted[row] >= threshold
+        # a row that costs a copy (a DFA's memo) is never worth a sample run again
+        request.mask_wide = counted[row] >= threshold and not request.matcher.cheap_rows
 
 
 def json_string_state(state: int, text: bytes) -> int:

@@ -59,10 +59,12 @@ def vocab(tokenizer):
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
-    """A grammar compiler for the default model's 49152 logits (a module may define its own)."""
+    """A grammar compiler for the default model's 49152 logits (a module may define its own),
+    xgrammar's for every JSON schema: the machinery these tests cover (shards, bans, draft
+    walks) is xgrammar's; tests/fsm/test_dfa_backend.py covers the token-level DFA."""
     from guided.config import EngineConfig
     from guided.fsm.compiler import GrammarCompiler
 
-    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig())
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(dfa_masks=False))
     yield c
     c.shutdown()

@@ -22,7 +22,7 @@ SCHEMA = ConstraintSpec.json_schema({"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=49216, config=EngineConfig())
+    c = GrammarCompiler(tokenizer, vocab_size=49216, config=EngineConfig(dfa_masks=False))
     yield c
     c.shutdown()
 

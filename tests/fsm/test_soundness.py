@@ -44,3 +44,19 @@ def test_no_false_accepts_on_sample(sample, tokenizer):
     valid = sum(o.num_valid for o in accepted)
     rejected = sum(len(o.false_rejects) for o in accepted)
     assert rejected <= 0.3 * valid, [o.false_rejects[:1] for o in accepted if o.false_rejects]
+
+
+def test_the_dfa_path_has_no_false_accepts_and_its_random_outputs_validate(sample, tokenizer):
+    """The token-level DFA (compact separators): labelled invalid instances refused, and random
+    outputs drawn from its own masks validate against their schemas."""
+    checker = Checker("bytes", any_whitespace=False, max_whitespace=2, timeout_s=20,
+                      tokenizer=tokenizer, dfa=True, walks=3)
+    try:
+        outcomes = [checker.run(case) for case in sample]
+    finally:
+        checker.close()
+    served = [o for o in outcomes if o.refused is None]
+    false_accepts = [(o.schema_id, fa) for o in outcomes for fa in o.false_accepts]
+    assert len(served) >= 0.5 * len(sample), [o.refused for o in outcomes if o.refused]
+    assert sum(o.num_walks for o in served) >= 2 * len(served)
+    assert not false_accepts, false_accepts

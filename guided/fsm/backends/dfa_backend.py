@@ -59,9 +59,10 @@ class NotRegular(ConstraintError):
 def schema_regex(schema: dict) -> str:
     """The regex of an already rewritten schema (schema_check.check_schema), with xgrammar's
     compact separators; raises NotRegular naming the first part it cannot serve exactly."""
-    _check_exact(schema, "")
+    _ExactCheck(schema).check(schema, "")
     try:
-        regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=_WS)
+        regex = build_regex_from_schema(json.dumps(_typed_anything(schema, True)),
+                                        whitespace_pattern=_WS)
     except BaseException as e:  # outlines-core raises (and panics) on what it does not support
         raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
     regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
@@ -71,33 +72,86 @@ def schema_regex(schema: dict) -> str:
     return regex
 
 
-def _check_exact(node, pointer: str) -> None:
-    if isinstance(node, bool):
-        return
+# what makes a schema more than "any value"; without any of these outlines-core writes the
+# any-value regex as a bare alternation, which binds past the property it is the value of
+_SHAPING = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "properties", "items",
+                      "pattern", "additionalProperties", "minItems", "maxItems", "required"})
+_ANY_TYPE = {"type": ["boolean", "null", "number", "string", "array", "object"]}
+
+
+def _typed_anything(node, is_schema: bool):
+    """A copy in which each any-value subschema (`true`, or one of annotations only) lists
+    every type instead: the same language, written as a grouped alternation."""
+    if not is_schema:
+        return node
+    if node is True or isinstance(node, dict) and not _SHAPING & node.keys():
+        return dict(_ANY_TYPE)
     if not isinstance(node, dict):
-        raise NotRegular(f"{pointer or '/'} is not a schema")
-    for key in node:
-        if key in OTHER_KEYWORDS:
-            raise NotRegular(f"keyword {key!r} at {pointer or '/'}")
-    if "pattern" in node and ("minLength" in node or "maxLength" in node):
-        raise NotRegular(f"pattern with length bounds at {pointer or '/'}")
-    properties = node.get("properties", {})
-    extra = node.get("additionalProperties")
-    if isinstance(extra, dict) and not properties:
-        raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
-    if not set(node.get("required", ())) <= set(properties):
-        raise NotRegular(f"required names a property not declared at {pointer or '/'}")
-    for name, child in properties.items():
-        _check_exact(child, f"{pointer}/properties/{name}")
-    for key in ("$defs", "definitions"):
-        for name, child in node.get(key, {}).items():
-            _check_exact(child, f"{pointer}/{key}/{name}")
-    for key in ("anyOf", "oneOf"):
-        for i, child in enumerate(node.get(key, ())):
-            _check_exact(child, f"{pointer}/{key}/{i}")
-    for key in ("items", "additionalProperties"):
-        if isinstance(node.get(key), dict):
-            _check_exact(node[key], f"{pointer}/{key}")
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: _typed_anything(child, True) for name, child in value.items()}
+        elif key in ("anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [_typed_anything(child, True) for child in value]
+        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
+            out[key] = _typed_anything(value, True)
+        else:
+            out[key] = value
+    return out
+
+
+class _ExactCheck:
+    """Walks every subschema the regex is built from, the targets of local $refs included
+    (wherever they live: a rewriter leaves refs into unusual places as they are)."""
+
+    def __init__(self, root: dict):
+        self.root = root
+        self.seen: set[str] = set()
+
+    def check(self, node, pointer: str) -> None:
+        if isinstance(node, bool):
+            return
+        if not isinstance(node, dict):
+            raise NotRegular(f"{pointer or '/'} is not a schema")
+        for key in node:
+            if key in OTHER_KEYWORDS:
+                raise NotRegular(f"keyword {key!r} at {pointer or '/'}")
+        if "pattern" in node and ("minLength" in node or "maxLength" in node):
+            raise NotRegular(f"pattern with length bounds at {pointer or '/'}")
+        properties = node.get("properties", {})
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and not properties:
+            raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
+        if not set(node.get("required", ())) <= set(properties):
+            raise NotRegular(f"required names a property not declared at {pointer or '/'}")
+        if "$ref" in node:
+            self._check_ref(node["$ref"], pointer)
+        for name, child in properties.items():
+            self.check(child, f"{pointer}/properties/{name}")
+        for key in ("$defs", "definitions"):
+            for name, child in node.get(key, {}).items():
+                self.check(child, f"{pointer}/{key}/{name}")
+        for key in ("anyOf", "oneOf"):
+            for i, child in enumerate(node.get(key, ())):
+                self.check(child, f"{pointer}/{key}/{i}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                self.check(node[key], f"{pointer}/{key}")
+
+    def _check_ref(self, ref, pointer: str) -> None:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise NotRegular(f"a $ref that is not local at {pointer or '/'}")
+        if ref in self.seen:
+            return
+        self.seen.add(ref)
+        target = self.root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise NotRegular(f"$ref {ref!r} at {pointer or '/'} does not resolve")
+            target = target[part]
+        self.check(target, ref[1:])
 
 
 class DfaVocab:
@@ -204,6 +258,7 @@ class DfaMatcher(Matcher):
     window); EOS is ours to track, as the index has no transition for it."""
 
     __slots__ = ("_dfa", "_eos", "_guide", "_num_tokens", "_terminated")
+    cheap_rows = True
 
     def __init__(self, dfa: TokenDfa, vocab: TokenVocab):
         self._dfa = dfa
