@@ -1,7 +1,8 @@
 """Heavy mask rows (a long counted repetition) filled on side threads, on the real default
 model on the CPU: the same tokens as with those rows filled inline, overlapped and synchronous,
 with and without mask shards, and with every heavy row late (the step samples without it and
-the position runs again, reading the rows then); outputs valid."""
+the position runs again, reading the rows then); outputs valid. Heavy rows are xgrammar's: the
+engines here keep the token-level DFA off (dfa_masks)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def run(llm: LLM) -> list:
                                                 (True, 2, False), (True, 0, True)])
 def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards, late):
     inline = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=overlap,
-                 mask_processes=shards)
+                 mask_processes=shards, dfa_masks=False)
     try:
         with monkeypatch.context() as patch:
             patch.setattr(xgrammar_backend, "has_long_repetition", lambda compiled: False)
@@ -47,7 +48,7 @@ def test_side_threads_give_the_same_outputs(monkeypatch, overlap, shards, late):
     finally:
         inline.engine.shutdown()
     side = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=overlap,
-               mask_processes=shards)
+               mask_processes=shards, dfa_masks=False)
     try:
         engine = side.engine
         if shards:
@@ -89,13 +90,14 @@ def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
     """Multi-step decode over heavy and light rows: the tokens of one step at a time. Late:
     every heavy fill takes 10 ms and the device never waits, so a heavy row stops its request
     for the rest of each call where its fill is not in (the next call takes the kept fill)."""
-    single = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=False)
+    single = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=False,
+                 dfa_masks=False)
     try:
         want = run(single)
     finally:
         single.engine.shutdown()
     multi = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", num_scheduler_steps=4,
-                jump_forward=False)
+                jump_forward=False, dfa_masks=False)
     try:
         engine = multi.engine
         if late:

@@ -81,7 +81,8 @@ def mark_wide(bitmask: torch.Tensor, last_rows: list[tuple[Request, int]],
         counted = {**counted, **{row: n for (_, row), n in zip(uncounted, allowed.tolist())}}
     for request, row in last_rows:
         # a row that costs a copy (a DFA's memo) is never worth a sample run again
-        request.mask_wide = counted[row] >= threshold and not request.matcher.cheap_rows
+        request.mask_wide = (counted[row] >= threshold
+                             and not getattr(request.matcher, "cheap_rows", False))
 
 
 def json_string_state(state: int, text: bytes) -> int:

@@ -188,7 +188,28 @@ def test_rows_written_by_many_threads_grow_the_table_safely(vocab, dfa_vocab):
     for m in matchers:
         row = torch.zeros((1, dfa_vocab.num_words), dtype=torch.int32)
         m.fill_bitmask(row, 0)
-        assert torch.equal(row[0], torch.from_numpy(dfa.rows[m.row_slot()]))
+        assert torch.equal(row[0], torch.from_numpy(dfa.pool.rows[m.row_slot()]))
+
+
+def test_a_dfa_gone_frees_its_rows_for_the_next(vocab, dfa_vocab):
+    import gc
+
+    before = dfa_vocab.pool.num_rows
+    dfa = make_dfa(PERSON, dfa_vocab)
+    matcher = DfaMatcher(dfa, vocab)
+    for byte in b'{"name": "abc", "role": "user", "tags": ["x"]}':
+        matcher.row_slot()
+        assert matcher.accept_bytes(bytes([byte]))
+    written = dfa.num_rows
+    assert written > 10 and dfa_vocab.pool.num_rows == before + written
+    del dfa, matcher
+    gc.collect()
+    assert dfa_vocab.pool.num_rows == before
+    again = DfaMatcher(make_dfa(EVENT, dfa_vocab), vocab)
+    row = torch.zeros((1, dfa_vocab.num_words), dtype=torch.int32)
+    again.fill_bitmask(row, 0)  # a reused slot holds the new grammar's row
+    assert allowed_ids(row[0].numpy()).tolist() == [
+        i for i in range(len(vocab.token_bytes)) if vocab.token_bytes[i] in (b"{", b'{"')]
 
 
 def test_the_compiler_serves_regular_schemas_with_the_dfa(tokenizer):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 
 import numpy as np
 import outlines_core as oc
@@ -154,8 +155,44 @@ class _ExactCheck:
         self.check(target, ref[1:])
 
 
+class RowPool:
+    """Every DFA's memoized rows in one table (int32 words, the bitmask convention of Matcher),
+    so that a step's rows are one gather whatever grammars they belong to. Rows are written
+    under a lock and never move within a published table: a grown table is a copy, published
+    before the slots it adds, so a reader that found its slots finds their rows."""
+
+    def __init__(self, num_words: int):
+        self.rows = np.zeros((256, num_words), dtype=np.int32)  # (slots, words)
+        self.lock = threading.Lock()
+        self._size = 0
+        self._free: list[int] = []
+
+    def write(self, write_row) -> int:
+        """A new slot whose row `write_row(pointer, num_words)` fills (caller holds the lock)."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot, self._size = self._size, self._size + 1
+        rows = self.rows
+        if slot >= rows.shape[0]:
+            rows = np.concatenate([rows, np.zeros_like(rows)])
+        write_row(rows[slot].ctypes.data, rows.shape[1])
+        self.rows = rows
+        return slot
+
+    def release(self, slots: dict[int, int]) -> None:
+        """A DFA went away: its rows' slots are free again."""
+        with self.lock:
+            self._free.extend(slots.values())
+
+    @property
+    def num_rows(self) -> int:
+        return self._size - len(self._free)
+
+
 class DfaVocab:
-    """One per tokenizer: the outlines-core vocabulary and the single-byte tokens."""
+    """One per tokenizer: the outlines-core vocabulary, the single-byte tokens and the pool of
+    mask rows its DFAs share."""
 
     def __init__(self, vocab: TokenVocab):
         token_map: dict[bytes, list[int]] = {}
@@ -165,6 +202,7 @@ class DfaVocab:
         self.eos_id = vocab.eos_token_ids[0]  # the one stop token the index allows
         self.vocabulary = oc.Vocabulary(self.eos_id, token_map)
         self.num_words = (vocab.vocab_size + 31) // 32
+        self.pool = RowPool(self.num_words)
         single = {data[0]: ids[0] for data, ids in token_map.items() if len(data) == 1}
         self.byte_tokens = sorted(single.items())  # (byte, token id)
         # forced bytes are found by probing single-byte tokens: exact only if every byte a
@@ -173,16 +211,16 @@ class DfaVocab:
 
 
 class TokenDfa:
-    """A schema's index and its memoized rows (int32 words, the bitmask convention of
-    Matcher), shared by every request of the schema and by the step's threads."""
+    """A schema's index and its memoized rows (in the vocabulary's RowPool), shared by every
+    request of the schema and by the step's threads."""
 
     def __init__(self, regex: str, vocab: DfaVocab):
         self.index = oc.Index(regex, vocab.vocabulary)
         self.vocab = vocab
-        self.rows = np.zeros((8, vocab.num_words), dtype=np.int32)  # (slots, words)
-        self._slots: dict[int, int] = {}  # state -> its row in `rows`
+        self.pool = vocab.pool
+        self._slots: dict[int, int] = {}  # state -> its row in the pool
         self._forced: dict[int, bytes] = {}
-        self._lock = threading.Lock()
+        weakref.finalize(self, self.pool.release, self._slots)
 
     @property
     def num_rows(self) -> int:
@@ -194,17 +232,12 @@ class TokenDfa:
         return slot if slot is not None else self._write(state, guide)
 
     def _write(self, state: int, guide: oc.Guide) -> int:
-        with self._lock:
+        with self.pool.lock:
             slot = self._slots.get(state)
-            if slot is not None:
-                return slot
-            slot = len(self._slots)
-            rows = self.rows
-            if slot == rows.shape[0]:  # readers hold the old table: publish a grown copy
-                rows = np.concatenate([rows, np.zeros_like(rows)])
-            guide.write_mask_into(rows[slot].ctypes.data, rows.shape[1], 4)
-            self.rows = rows  # before the slot: a reader that finds the slot finds its row
-            self._slots[state] = slot
+            if slot is None:
+                slot = self.pool.write(lambda pointer, words: guide.write_mask_into(
+                    pointer, words, 4))
+                self._slots[state] = slot
             return slot
 
     def forced(self, state: int) -> bytes:
@@ -297,7 +330,7 @@ class DfaMatcher(Matcher):
             bitmask[row].zero_()
             return
         slot = self.row_slot()
-        bitmask[row].numpy()[:] = self._dfa.rows[slot]
+        bitmask[row].numpy()[:] = self._dfa.pool.rows[slot]
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
@@ -329,11 +362,17 @@ class DfaMatcher(Matcher):
 
 
 def fill_dfa_rows(items: list[tuple[DfaMatcher, int]], bitmask: torch.Tensor) -> None:
-    """Each matcher's memoized row copied into its bitmask row (bitmask: int32 on the CPU)."""
+    """The matchers' memoized rows copied into their bitmask rows (int32, on the CPU) in one
+    gather per pool; terminated matchers' rows zeroed."""
     words = bitmask.numpy()
+    by_pool: dict[int, tuple[RowPool, list[int], list[int]]] = {}
     for matcher, row in items:
         if matcher.is_terminated():
             words[row] = 0
-        else:
-            slot = matcher.row_slot()
-            words[row] = matcher.dfa.rows[slot]
+            continue
+        pool = matcher.dfa.pool
+        _, rows, slots = by_pool.setdefault(id(pool), (pool, [], []))
+        rows.append(row)
+        slots.append(matcher.row_slot())
+    for pool, rows, slots in by_pool.values():
+        words[rows] = pool.rows[slots]  # the table read after its slots: see RowPool
