@@ -17,22 +17,18 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from common import markdown_table, progress, workload_schemas
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import markdown_table, progress, workload_schemas  # noqa: E402
-
-from guided.config import EngineConfig  # noqa: E402
-from guided.errors import ConstraintError  # noqa: E402
-from guided.fsm.bitmask_fill import fill_bitmasks  # noqa: E402
-from guided.fsm.compiler import GrammarCompiler  # noqa: E402
-from guided.params import ConstraintSpec  # noqa: E402
-from guided.worker import loader  # noqa: E402
+from guided.config import EngineConfig
+from guided.errors import ConstraintError
+from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.fsm.compiler import GrammarCompiler
+from guided.params import ConstraintSpec
+from guided.worker import loader
 
 
 def compile_all(compiler: GrammarCompiler, schemas: list) -> tuple[list, list[float]]:

@@ -259,7 +259,7 @@ class Checker:
             else:
                 try:
                     error = next(iter(validator.iter_errors(value)), None)
-                except Exception:  # noqa: BLE001 - e.g. unresolvable remote refs
+                except Exception:  # noqa: BLE001, S112 - e.g. unresolvable remote refs: no verdict
                     continue
                 why = None if error is None else f"walk: {error.message[:120]}"
             if why is not None:
@@ -340,8 +340,8 @@ def report(outcomes: list[Outcome], seconds: float) -> str:
         lines += [f"- {sid}: {text} ({why})" for sid, (text, why) in fas[:50]]
     walks = sum(o.num_walks for o in outcomes)
     if walks:
-        lines += ["", f"{walks} random outputs of accepted grammars validated (--walks); "
-                  f"failures are listed with the false accepts"]
+        lines += ["", (f"{walks} random outputs of accepted grammars validated (--walks); "
+                       "failures are listed with the false accepts")]
     lines += ["", f"({len(outcomes)} schemas in {seconds:.0f} s)"]
     return "\n".join(lines)
 

@@ -64,7 +64,8 @@ def schema_regex(schema: dict) -> str:
     try:
         regex = build_regex_from_schema(json.dumps(_typed_anything(schema, True)),
                                         whitespace_pattern=_WS)
-    except BaseException as e:  # outlines-core raises (and panics) on what it does not support
+    except BaseException as e:  # noqa: BLE001 - outlines-core raises (and panics, a
+        # BaseException) on what it does not support
         raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
     regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
              .replace("," + _WS, ", ").replace(_WS, ""))
