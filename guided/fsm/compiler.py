@@ -163,7 +163,8 @@ class GrammarCompiler:
     def _dfa(self, schema: dict):
         """The checked schema's token-level DFA, or None where its language is not served
         exactly that way (xgrammar compiles it then)."""
-        from guided.fsm.backends.dfa_backend import DfaVocab, NotRegular, TokenDfa, schema_regex
+        from guided.fsm.backends.dfa_backend import DfaVocab, TokenDfa
+        from guided.fsm.schema_regex import NotRegular, schema_regex
 
         try:
             regex = schema_regex(schema)

@@ -1,4 +1,4 @@
-"""The token-level DFA path: which schemas it serves, memoized rows equal to outlines-core's own,
+"""The token-level DFA: memoized rows equal to outlines-core's own,
 random walks whose every output validates, rollback, forced strings, and the compiler's choice."""
 from __future__ import annotations
 
@@ -12,17 +12,11 @@ import torch
 from jsonschema import Draft202012Validator
 
 from guided.config import EngineConfig
-from guided.fsm.backends.dfa_backend import (
-    DfaMatcher,
-    DfaVocab,
-    NotRegular,
-    TokenDfa,
-    fill_dfa_rows,
-    schema_regex,
-)
+from guided.fsm.backends.dfa_backend import DfaMatcher, DfaVocab, TokenDfa, fill_dfa_rows
 from guided.fsm.bitmask_fill import fill_bitmasks
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_check import check_schema
+from guided.fsm.schema_regex import schema_regex
 from guided.params import ConstraintSpec
 
 PERSON = {"type": "object", "properties": {
@@ -52,25 +46,6 @@ def make_dfa(schema: dict, dfa_vocab) -> TokenDfa:
 
 def allowed_ids(row: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
-
-
-@pytest.mark.parametrize("schema, keyword", [
-    ({"type": "integer", "minimum": 3}, "minimum"),
-    ({"type": "array", "prefixItems": [{"type": "integer"}]}, "prefixItems"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1},
-     "minProperties"),
-    ({"type": "object", "additionalProperties": {"type": "integer"}}, "additionalProperties"),
-])
-def test_schemas_it_cannot_serve_exactly_are_refused_with_the_reason(schema, keyword):
-    with pytest.raises(NotRegular, match=keyword):
-        schema_regex(check_schema(schema))
-
-
-def test_the_regex_writes_xgrammars_compact_separators():
-    regex = schema_regex(check_schema({"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "boolean"}}},
-        "required": ["a", "b"]}))
-    assert '"a": ' in regex and ', "b": ' in regex and "{WS}" not in regex
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=["person", "event", "array"])
@@ -217,7 +192,7 @@ def test_the_compiler_serves_regular_schemas_with_the_dfa(tokenizer):
     off = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(dfa_masks=False))
     try:
         assert on.compile(ConstraintSpec.json_schema(PERSON), timeout=60).backend == "dfa"
-        grammar = on.compile(ConstraintSpec.json_schema({"type": "integer", "maximum": 9}),
+        grammar = on.compile(ConstraintSpec.json_schema({"type": "number", "maximum": 9}),
                              timeout=60)
         assert grammar.backend == "xgrammar"
         assert isinstance(on.compile(ConstraintSpec.json_schema(PERSON)).matcher(), DfaMatcher)

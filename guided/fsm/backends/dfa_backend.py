@@ -1,159 +1,30 @@
 """Token-level DFA masks for JSON schemas: a schema whose language is regular is compiled to an
 outlines-core index of its regex, and each DFA state's mask row is written once and then copied.
 
-Why: xgrammar fills a row in ~50 us whatever the state (a pushdown automaton walked over the
-vocabulary), which at concurrency 256 is ~13 ms of host work a step, longer than a small model's
-forward pass. A token-level DFA's row depends on the state alone, so a state seen before costs a
+Why: xgrammar fills a row by walking a pushdown automaton over the vocabulary (9 us a row
+batched on two threads, ~50 us alone, on the CPU here), which at concurrency 256 is milliseconds
+of host work a step, longer than a small model's forward pass. A token-level DFA's row depends on the state alone, so a state seen before costs a
 ~1 us copy; the first visit costs what outlines-core takes to write it (~1 us in JSON structure,
 ~50 us inside a string, whose state then recurs for every token of the string). Accepting a token
 is one hash lookup (~0.4 us). The forced continuation (jump-forward) of a state is the chain of
 states that allow a single next byte, probed through the single-byte tokens and memoized too.
 
-Exactness: only schemas (already rewritten by schema_check into what the grammar must admit)
-made of keywords whose regex is exact are served here (`schema_regex` says why not otherwise);
-the rest stay on xgrammar. Separators are xgrammar's compact ones (", " and ": ") so outputs read
-the same whichever backend serves the request.
+Exactness: only schemas whose regex is exact are served here (guided/fsm/schema_regex.py says
+why not otherwise); the rest stay on xgrammar.
 """
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 
 import numpy as np
 import outlines_core as oc
 import torch
-from outlines_core.json_schema import build_regex_from_schema
 
-from guided.errors import ConstraintError
 from guided.fsm.matcher import MAX_ROLLBACK_TOKENS, Matcher
-from guided.fsm.schema_check import (
-    ARRAY_KEYWORDS,
-    NUMBER_KEYWORDS,
-    OBJECT_KEYWORDS,
-    STRING_KEYWORDS,
-)
 from guided.fsm.vocab import TokenVocab
 
-# the assertion keywords whose outlines-core regex admits only values that validate (after
-# schema_check's rewrite: formats and short length bounds are patterns by then)
-EXACT_KEYWORDS = frozenset({"type", "properties", "required", "items", "enum", "const",
-                            "minItems", "maxItems", "pattern", "anyOf", "oneOf",
-                            "additionalProperties", "$ref", "$defs", "definitions"})
-# every other assertion or applicator of the JSON Schema vocabularies keeps a schema on xgrammar
-# (numeric bounds, for one, are dropped by outlines-core); keywords of no vocabulary are
-# annotations (2020-12 ignores them, and so does outlines-core)
-OTHER_KEYWORDS = (NUMBER_KEYWORDS | STRING_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | {
-    "allOf", "not", "if", "then", "else", "format", "$dynamicRef", "$recursiveRef",
-    "$dynamicAnchor", "$recursiveAnchor", "contentMediaType", "contentEncoding",
-    "contentSchema"}) - EXACT_KEYWORDS
-MAX_REGEX_CHARS = 32_000  # larger regexes build indexes of seconds: xgrammar serves them
-_WS = "{WS}"  # a marker outlines-core cannot emit for a literal (it escapes braces)
 _MAX_FORCED_BYTES = 512
-
-
-class NotRegular(ConstraintError):
-    """The schema has a part the DFA path would not enforce exactly: xgrammar serves it (this
-    never reaches a client; it is the DFA future's answer)."""
-
-
-def schema_regex(schema: dict) -> str:
-    """The regex of an already rewritten schema (schema_check.check_schema), with xgrammar's
-    compact separators; raises NotRegular naming the first part it cannot serve exactly."""
-    _ExactCheck(schema).check(schema, "")
-    try:
-        regex = build_regex_from_schema(json.dumps(_typed_anything(schema, True)),
-                                        whitespace_pattern=_WS)
-    except BaseException as e:  # noqa: BLE001 - outlines-core raises (and panics, a
-        # BaseException) on what it does not support
-        raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
-    regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
-             .replace("," + _WS, ", ").replace(_WS, ""))
-    if len(regex) > MAX_REGEX_CHARS:
-        raise NotRegular(f"its regex has {len(regex)} characters (limit {MAX_REGEX_CHARS})")
-    return regex
-
-
-# what makes a schema more than "any value"; without any of these outlines-core writes the
-# any-value regex as a bare alternation, which binds past the property it is the value of
-_SHAPING = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "properties", "items",
-                      "pattern", "additionalProperties", "minItems", "maxItems", "required"})
-_ANY_TYPE = {"type": ["boolean", "null", "number", "string", "array", "object"]}
-
-
-def _typed_anything(node, is_schema: bool):
-    """A copy in which each any-value subschema (`true`, or one of annotations only) lists
-    every type instead: the same language, written as a grouped alternation."""
-    if not is_schema:
-        return node
-    if node is True or isinstance(node, dict) and not _SHAPING & node.keys():
-        return dict(_ANY_TYPE)
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {name: _typed_anything(child, True) for name, child in value.items()}
-        elif key in ("anyOf", "oneOf") and isinstance(value, list):
-            out[key] = [_typed_anything(child, True) for child in value]
-        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
-            out[key] = _typed_anything(value, True)
-        else:
-            out[key] = value
-    return out
-
-
-class _ExactCheck:
-    """Walks every subschema the regex is built from, the targets of local $refs included
-    (wherever they live: a rewriter leaves refs into unusual places as they are)."""
-
-    def __init__(self, root: dict):
-        self.root = root
-        self.seen: set[str] = set()
-
-    def check(self, node, pointer: str) -> None:
-        if isinstance(node, bool):
-            return
-        if not isinstance(node, dict):
-            raise NotRegular(f"{pointer or '/'} is not a schema")
-        for key in node:
-            if key in OTHER_KEYWORDS:
-                raise NotRegular(f"keyword {key!r} at {pointer or '/'}")
-        if "pattern" in node and ("minLength" in node or "maxLength" in node):
-            raise NotRegular(f"pattern with length bounds at {pointer or '/'}")
-        properties = node.get("properties", {})
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict) and not properties:
-            raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
-        if not set(node.get("required", ())) <= set(properties):
-            raise NotRegular(f"required names a property not declared at {pointer or '/'}")
-        if "$ref" in node:
-            self._check_ref(node["$ref"], pointer)
-        for name, child in properties.items():
-            self.check(child, f"{pointer}/properties/{name}")
-        for key in ("$defs", "definitions"):
-            for name, child in node.get(key, {}).items():
-                self.check(child, f"{pointer}/{key}/{name}")
-        for key in ("anyOf", "oneOf"):
-            for i, child in enumerate(node.get(key, ())):
-                self.check(child, f"{pointer}/{key}/{i}")
-        for key in ("items", "additionalProperties"):
-            if isinstance(node.get(key), dict):
-                self.check(node[key], f"{pointer}/{key}")
-
-    def _check_ref(self, ref, pointer: str) -> None:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise NotRegular(f"a $ref that is not local at {pointer or '/'}")
-        if ref in self.seen:
-            return
-        self.seen.add(ref)
-        target = self.root
-        for part in ref[1:].split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise NotRegular(f"$ref {ref!r} at {pointer or '/'} does not resolve")
-            target = target[part]
-        self.check(target, ref[1:])
 
 
 class RowPool:

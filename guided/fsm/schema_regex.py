@@ -1,0 +1,181 @@
+"""A checked JSON schema as a regex, where its language is regular and the regex is exact: the
+token-level DFA's input (guided/fsm/backends/dfa_backend.py).
+
+The schema comes from schema_check.check_schema, rewritten into what the grammar must admit
+(formats and short length bounds are patterns by then). outlines-core writes the regex, with
+xgrammar's compact separators (", " and ": ") so that outputs read the same whichever backend
+serves a request; a schema with a keyword its regex would not enforce exactly raises NotRegular
+and stays on xgrammar.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from outlines_core.json_schema import build_regex_from_schema
+
+from guided.errors import ConstraintError
+from guided.fsm.integer_ranges import integer_range_regex
+from guided.fsm.schema_check import (
+    ARRAY_KEYWORDS,
+    NUMBER_KEYWORDS,
+    OBJECT_KEYWORDS,
+    STRING_KEYWORDS,
+)
+
+# the assertion keywords whose outlines-core regex admits only values that validate (after
+# schema_check's rewrite: formats and short length bounds are patterns by then)
+EXACT_KEYWORDS = frozenset({"type", "properties", "required", "items", "enum", "const",
+                            "minItems", "maxItems", "pattern", "anyOf", "oneOf",
+                            "additionalProperties", "$ref", "$defs", "definitions"})
+# every other assertion or applicator of the JSON Schema vocabularies keeps a schema on xgrammar
+# (numeric bounds, for one, are dropped by outlines-core); keywords of no vocabulary are
+# annotations (2020-12 ignores them, and so does outlines-core)
+OTHER_KEYWORDS = (NUMBER_KEYWORDS | STRING_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | {
+    "allOf", "not", "if", "then", "else", "format", "$dynamicRef", "$recursiveRef",
+    "$dynamicAnchor", "$recursiveAnchor", "contentMediaType", "contentEncoding",
+    "contentSchema"}) - EXACT_KEYWORDS
+# larger regexes build indexes of seconds: xgrammar serves them. Smaller ones may still take a
+# second or more (a 17.9k-character regex: 1.6 s; any-value subschemas, 13k: 1.1-1.5 s, against
+# 0.2-0.3 s at 5-9k) where xgrammar takes milliseconds: the price of cheap rows
+MAX_REGEX_CHARS = 32_000
+_WS = "{WS}"  # a marker outlines-core cannot emit for a literal (it escapes braces)
+
+
+class NotRegular(ConstraintError):
+    """The schema has a part the DFA path would not enforce exactly: xgrammar serves it (this
+    never reaches a client; it is the DFA future's answer)."""
+
+
+def schema_regex(schema: dict) -> str:
+    """The regex of an already rewritten schema (schema_check.check_schema), with xgrammar's
+    compact separators; raises NotRegular naming the first part it cannot serve exactly."""
+    ranges: dict[str, str] = {}
+    prepared = _prepared(schema, True, ranges)
+    _ExactCheck(prepared).check(prepared, "")
+    try:
+        regex = build_regex_from_schema(json.dumps(prepared), whitespace_pattern=_WS)
+    except BaseException as e:  # noqa: BLE001 - outlines-core raises (and panics, a
+        # BaseException) on what it does not support
+        raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
+    regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
+             .replace("," + _WS, ", ").replace(_WS, ""))
+    for placeholder, integers in ranges.items():
+        if regex.count(f'"{placeholder}"') < 1:
+            raise NotRegular("an integer range was not written where expected")
+        regex = regex.replace(f'"{placeholder}"', integers)
+    if len(regex) > MAX_REGEX_CHARS:
+        raise NotRegular(f"its regex has {len(regex)} characters (limit {MAX_REGEX_CHARS})")
+    return regex
+
+
+# what makes a schema more than "any value"; without any of these outlines-core writes the
+# any-value regex as a bare alternation, which binds past the property it is the value of
+_SHAPING = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "properties", "items",
+                      "pattern", "additionalProperties", "minItems", "maxItems", "required"})
+_ANY_TYPE = {"type": ["boolean", "null", "number", "string", "array", "object"]}
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _prepared(node, is_schema: bool, ranges: dict[str, str]):
+    """A copy for outlines-core: each any-value subschema (`true`, or one of annotations only)
+    lists every type instead (the same language, written as a grouped alternation), and each
+    bounded integer becomes a placeholder constant whose text `ranges` maps to its regex."""
+    if not is_schema:
+        return node
+    if node is True or isinstance(node, dict) and not _SHAPING & node.keys():
+        return dict(_ANY_TYPE)
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "integer" and not node.keys().isdisjoint(_BOUNDS):
+        bounded = _integer_placeholder(node, ranges)
+        if bounded is not None:
+            return bounded
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: _prepared(child, True, ranges) for name, child in value.items()}
+        elif key in ("anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [_prepared(child, True, ranges) for child in value]
+        elif key == "items" or key == "additionalProperties" and not isinstance(value, bool):
+            out[key] = _prepared(value, True, ranges)  # additionalProperties: true is a flag
+        else:
+            out[key] = value
+    return out
+
+
+def _integer_placeholder(node: dict, ranges: dict[str, str]) -> dict | None:
+    """{"type": "integer"} with numeric bounds only: a placeholder constant for its range
+    (None: left as it is, for the check to refuse)."""
+    if node.get("type") != "integer" or (_SHAPING - {"type"}) & node.keys() or any(
+            key in OTHER_KEYWORDS and key not in _BOUNDS for key in node):
+        return None
+    values = {key: node[key] for key in _BOUNDS if key in node}
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               for v in values.values()):
+        return None
+    lows = [math.ceil(values["minimum"])] if "minimum" in values else []
+    lows += [math.floor(values["exclusiveMinimum"]) + 1] if "exclusiveMinimum" in values else []
+    highs = [math.floor(values["maximum"])] if "maximum" in values else []
+    highs += [math.ceil(values["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in values else []
+    lo, hi = max(lows, default=None), min(highs, default=None)
+    if lo is not None and hi is not None and lo > hi:
+        raise NotRegular("an integer range admits no value")
+    placeholder = f"GUIDEDINTEGERRANGE{len(ranges)}X"
+    ranges[placeholder] = integer_range_regex(lo, hi)
+    return {"const": placeholder}
+
+
+class _ExactCheck:
+    """Walks every subschema the regex is built from, the targets of local $refs included
+    (wherever they live: a rewriter leaves refs into unusual places as they are)."""
+
+    def __init__(self, root: dict):
+        self.root = root
+        self.seen: set[str] = set()
+
+    def check(self, node, pointer: str) -> None:
+        if isinstance(node, bool):
+            return
+        if not isinstance(node, dict):
+            raise NotRegular(f"{pointer or '/'} is not a schema")
+        for key in node:
+            if key in OTHER_KEYWORDS:
+                raise NotRegular(f"keyword {key!r} at {pointer or '/'}")
+        if "pattern" in node and ("minLength" in node or "maxLength" in node):
+            raise NotRegular(f"pattern with length bounds at {pointer or '/'}")
+        properties = node.get("properties", {})
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and not properties:
+            raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
+        if not set(node.get("required", ())) <= set(properties):
+            raise NotRegular(f"required names a property not declared at {pointer or '/'}")
+        if "$ref" in node:
+            self._check_ref(node["$ref"], pointer)
+        for name, child in properties.items():
+            self.check(child, f"{pointer}/properties/{name}")
+        for key in ("$defs", "definitions"):
+            for name, child in node.get(key, {}).items():
+                self.check(child, f"{pointer}/{key}/{name}")
+        for key in ("anyOf", "oneOf"):
+            for i, child in enumerate(node.get(key, ())):
+                self.check(child, f"{pointer}/{key}/{i}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                self.check(node[key], f"{pointer}/{key}")
+
+    def _check_ref(self, ref, pointer: str) -> None:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise NotRegular(f"a $ref that is not local at {pointer or '/'}")
+        if ref in self.seen:
+            return
+        self.seen.add(ref)
+        target = self.root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise NotRegular(f"$ref {ref!r} at {pointer or '/'} does not resolve")
+            target = target[part]
+        self.check(target, ref[1:])

@@ -1,0 +1,72 @@
+"""Which checked schemas have an exact regex (the token-level DFA's input), and how it reads."""
+from __future__ import annotations
+
+import pytest
+
+from guided.fsm.schema_check import check_schema
+from guided.fsm.schema_regex import NotRegular, schema_regex
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "number", "minimum": 3}, "minimum"),
+    ({"type": "integer", "minimum": 3, "multipleOf": 2}, "multipleOf"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}]}, "prefixItems"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1},
+     "minProperties"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, "additionalProperties"),
+])
+def test_schemas_it_cannot_serve_exactly_are_refused_with_the_reason(schema, keyword):
+    with pytest.raises(NotRegular, match=keyword):
+        schema_regex(check_schema(schema))
+
+
+def test_the_regex_writes_xgrammars_compact_separators():
+    regex = schema_regex(check_schema({"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "boolean"}}},
+        "required": ["a", "b"]}))
+    assert '"a": ' in regex and ', "b": ' in regex and "{WS}" not in regex
+
+
+def test_an_any_value_property_is_a_grouped_alternation():
+    """outlines-core wrote `{}` as a bare alternation, which bound past its property."""
+    import re
+
+    regex = schema_regex({"type": "object", "properties": {"a": {}, "b": {"type": "integer"}},
+                          "required": ["a", "b"]})
+    assert re.fullmatch(regex, '{"a": [1, "x"], "b": 2}')
+    assert re.fullmatch(regex, '{"a": null, "b": 2}')
+    assert not re.fullmatch(regex, "null") and not re.fullmatch(regex, '{"a": 1}')
+
+
+def test_a_ref_is_checked_where_it_points():
+    schema = {"somewhere": {"x": {"type": "integer", "minimum": 1}},
+              "type": "object", "properties": {"a": {"$ref": "#/somewhere/x"}}}
+    with pytest.raises(NotRegular, match="minimum"):
+        schema_regex(schema)
+    with pytest.raises(NotRegular, match="resolve"):
+        schema_regex({"properties": {"a": {"$ref": "#/nowhere"}}})
+
+
+def test_items_true_admits_any_item():
+    import re
+
+    regex = schema_regex({"type": "array", "items": True, "maxItems": 2})
+    assert re.fullmatch(regex, '[1, {"a": "b"}]') and re.fullmatch(regex, "[]")
+    assert not re.fullmatch(regex, "[1, 2, 3]")
+
+
+def test_bounded_integers_are_written_as_ranges():
+    import re
+
+    regex = schema_regex(check_schema({"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "delta": {"type": "integer", "exclusiveMinimum": -5.5, "exclusiveMaximum": 3},
+        "big": {"type": "integer", "minimum": 1000}},
+        "required": ["age", "delta", "big"]}))
+    assert "GUIDEDINTEGERRANGE" not in regex
+    for age, delta, big, ok in [(0, -5, 1000, True), (120, 2, 10**9, True), (121, 0, 1000, False),
+                                (5, -6, 1000, False), (5, 3, 1000, False), (5, 0, 999, False)]:
+        text = f'{{"age": {age}, "delta": {delta}, "big": {big}}}'
+        assert bool(re.fullmatch(regex, text)) == ok, text
+    with pytest.raises(NotRegular, match="no value"):
+        schema_regex({"type": "integer", "minimum": 3, "maximum": 2})
