@@ -95,7 +95,9 @@ def _prepared(node, is_schema: bool, ranges: dict[str, str]):
             return bounded
     out = {}
     for key, value in node.items():
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+        if key == "pattern" and isinstance(value, str):
+            out[key] = _grouped_pattern(value)
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             out[key] = {name: _prepared(child, True, ranges) for name, child in value.items()}
         elif key in ("anyOf", "oneOf") and isinstance(value, list):
             out[key] = [_prepared(child, True, ranges) for child in value]
@@ -104,6 +106,35 @@ def _prepared(node, is_schema: bool, ranges: dict[str, str]):
         else:
             out[key] = value
     return out
+
+
+def _grouped_pattern(pattern: str) -> str:
+    """A pattern as outlines-core must get it: the whole-string match it stands for here (as
+    for xgrammar) with its edge anchors dropped, in a group of its own (outlines-core writes it
+    between the quotes as it is, so a top-level `|` split the quotes apart). An anchor anywhere
+    else (Rust's regex takes it as an assertion no JSON string can meet) is refused."""
+    body = pattern.removeprefix("^")
+    if body.endswith("$") and not _escaped(body, len(body) - 1):
+        body = body[:-1]
+    in_class = False
+    for i, char in enumerate(body):
+        if _escaped(body, i):
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class and body[i - 1] != "[":
+            in_class = False
+        elif char in "^$" and not in_class:
+            raise NotRegular(f"an anchor inside pattern {pattern!r}")
+    return f"(?:{body})"
+
+
+def _escaped(text: str, i: int) -> bool:
+    """Whether text[i] follows an odd run of backslashes."""
+    run = 0
+    while i - run - 1 >= 0 and text[i - run - 1] == "\\":
+        run += 1
+    return run % 2 == 1
 
 
 def _integer_placeholder(node: dict, ranges: dict[str, str]) -> dict | None:

@@ -70,3 +70,26 @@ def test_bounded_integers_are_written_as_ranges():
         assert bool(re.fullmatch(regex, text)) == ok, text
     with pytest.raises(NotRegular, match="no value"):
         schema_regex({"type": "integer", "minimum": 3, "maximum": 2})
+
+
+@pytest.mark.parametrize("pattern, good, bad", [
+    ("ab|cd", ["ab", "cd"], ["abcd", "ab|cd"]),
+    ("^[0-9]+$", ["42"], ["4a"]),
+    (r"a\$", ["a$"], ["a"]),
+])
+def test_patterns_are_grouped_whole_string_matches(pattern, good, bad):
+    """outlines-core wrote a pattern between the quotes as it was: a top-level `|` split them."""
+    import json
+    import re
+
+    regex = schema_regex({"type": "object", "properties": {"x": {"type": "string",
+                          "pattern": pattern}}, "required": ["x"]})
+    for value, ok in [(v, True) for v in good] + [(v, False) for v in bad]:
+        text = json.dumps({"x": value})
+        assert bool(re.fullmatch(regex, text)) == ok, (pattern, text)
+
+
+@pytest.mark.parametrize("pattern", ["(^a$)", "^a$|^b$", "a^b"])
+def test_anchors_inside_a_pattern_stay_on_xgrammar(pattern):
+    with pytest.raises(NotRegular, match="anchor"):
+        schema_regex({"type": "string", "pattern": pattern})
