@@ -43,8 +43,8 @@ _WS = "{WS}"  # a marker outlines-core cannot emit for a literal (it escapes bra
 
 
 class NotRegular(ConstraintError):
-    """The schema has a part the DFA path would not enforce exactly: xgrammar serves it (this
-    never reaches a client; it is the DFA future's answer)."""
+    """The schema has a part the DFA path would not enforce exactly: xgrammar serves it (the
+    compiler catches this; it never reaches a client)."""
 
 
 def schema_regex(schema: dict) -> str:
@@ -74,8 +74,6 @@ def schema_regex(schema: dict) -> str:
 _SHAPING = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "properties", "items",
                       "pattern", "additionalProperties", "minItems", "maxItems", "required"})
 _ANY_TYPE = {"type": ["boolean", "null", "number", "string", "array", "object"]}
-
-
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
@@ -85,14 +83,13 @@ def _prepared(node, is_schema: bool, ranges: dict[str, str]):
     bounded integer becomes a placeholder constant whose text `ranges` maps to its regex."""
     if not is_schema:
         return node
-    if node is True or isinstance(node, dict) and not _SHAPING & node.keys():
-        return dict(_ANY_TYPE)
+    if node is True or isinstance(node, dict) and (_SHAPING | OTHER_KEYWORDS).isdisjoint(node):
+        return dict(_ANY_TYPE)  # annotations only: an assertion stays, for the check to see
     if not isinstance(node, dict):
         return node
-    if node.get("type") == "integer" and not node.keys().isdisjoint(_BOUNDS):
-        bounded = _integer_placeholder(node, ranges)
-        if bounded is not None:
-            return bounded
+    bounded = _integer_placeholder(node, ranges)
+    if bounded is not None:
+        return bounded
     out = {}
     for key, value in node.items():
         if key == "pattern" and isinstance(value, str):
@@ -138,9 +135,10 @@ def _escaped(text: str, i: int) -> bool:
 
 
 def _integer_placeholder(node: dict, ranges: dict[str, str]) -> dict | None:
-    """{"type": "integer"} with numeric bounds only: a placeholder constant for its range
-    (None: left as it is, for the check to refuse)."""
-    if node.get("type") != "integer" or (_SHAPING - {"type"}) & node.keys() or any(
+    """{"type": "integer"} with numeric bounds and no other assertion: a placeholder constant
+    for its range (None: not such a node, left as it is for the check)."""
+    if node.get("type") != "integer" or node.keys().isdisjoint(_BOUNDS) or (
+            _SHAPING - {"type"}) & node.keys() or any(
             key in OTHER_KEYWORDS and key not in _BOUNDS for key in node):
         return None
     values = {key: node[key] for key in _BOUNDS if key in node}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from guided.fsm.bitmask_fill import Bans, fill_draft_rows, merge_bans
+from guided.fsm.bitmask_fill import Bans, fill_draft_rows
 from guided.fsm.lazy_masks import lazy_row_ban, mark_wide, samples_unmasked
 from guided.fsm.mask_prefetch import MaskPrefetch
 from guided.fsm.mask_shards import MaskShards, PendingFill

@@ -93,3 +93,11 @@ def test_patterns_are_grouped_whole_string_matches(pattern, good, bad):
 def test_anchors_inside_a_pattern_stay_on_xgrammar(pattern):
     with pytest.raises(NotRegular, match="anchor"):
         schema_regex({"type": "string", "pattern": pattern})
+
+
+@pytest.mark.parametrize("child", [{"minimum": 3}, {"minLength": 2}, {"not": {"type": "null"}},
+                                   {"allOf": [{"type": "string"}]}])
+def test_a_subschema_of_assertions_without_a_type_is_no_any_value(child):
+    """Only annotations make an any-value subschema: assertions stay for the check to see."""
+    with pytest.raises(NotRegular):
+        schema_regex({"type": "object", "properties": {"a": child}, "required": ["a"]})

@@ -2,9 +2,9 @@
 outlines-core index of its regex, and each DFA state's mask row is written once and then copied.
 
 Why: xgrammar fills a row by walking a pushdown automaton over the vocabulary (9 us a row
-batched on two threads, ~50 us alone, on the CPU here), which at concurrency 256 is milliseconds
-of host work a step, longer than a small model's forward pass. A token-level DFA's row depends on the state alone, so a state seen before costs a
-~1 us copy; the first visit costs what outlines-core takes to write it (~1 us in JSON structure,
+batched on two threads, ~50 us alone, on the CPU here), which at concurrency 256 is
+milliseconds of host work a step, longer than a small model's forward pass. A token-level DFA's
+row depends on the state alone, so a state seen before costs a ~1 us copy; the first visit costs what outlines-core takes to write it (~1 us in JSON structure,
 ~50 us inside a string, whose state then recurs for every token of the string). Accepting a token
 is one hash lookup (~0.4 us). The forced continuation (jump-forward) of a state is the chain of
 states that allow a single next byte, probed through the single-byte tokens and memoized too.
@@ -75,11 +75,11 @@ class DfaVocab:
         self.vocabulary = oc.Vocabulary(self.eos_id, token_map)
         self.num_words = (vocab.vocab_size + 31) // 32
         self.pool = RowPool(self.num_words)
-        single = {data[0]: ids[0] for data, ids in token_map.items() if len(data) == 1}
-        self.byte_tokens = sorted(single.items())  # (byte, token id)
+        self.byte_token = {data[0]: ids[0] for data, ids in token_map.items() if len(data) == 1}
+        self.byte_tokens = sorted(self.byte_token.items())  # (byte, token id)
         # forced bytes are found by probing single-byte tokens: exact only if every byte a
         # token can start with is one
-        self.probe_bytes = {data[0] for data in token_map} <= set(single)
+        self.probe_bytes = {data[0] for data in token_map} <= self.byte_token.keys()
 
 
 class TokenDfa:
@@ -224,8 +224,7 @@ class DfaMatcher(Matcher):
     def accept_bytes(self, data: bytes) -> bool:
         if self._terminated:
             return False
-        byte_token = dict(self._dfa.vocab.byte_tokens)
-        tokens = [byte_token.get(b) for b in data]
+        tokens = [self._dfa.vocab.byte_token.get(b) for b in data]
         if any(t is None for t in tokens) or not self._guide.accepts_tokens(tokens):
             return False
         for token in tokens:

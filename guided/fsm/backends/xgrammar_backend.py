@@ -14,7 +14,7 @@ from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.char_budgets import budget_long_repetitions, has_budget
 from guided.fsm.matcher import Matcher
-from guided.fsm.schema_check import check_schema, fix_optional_groups
+from guided.fsm.schema_check import fix_optional_groups
 from guided.fsm.string_ban import json_string_banned
 from guided.fsm.vocab import TokenVocab
 
@@ -106,11 +106,9 @@ class XGrammarBackend:
             return {"any_whitespace": True, "max_whitespace_cnt": self.config.max_whitespace}
         return {"any_whitespace": False}  # compact separators ", " and ": "
 
-    def compile_json_schema(self, schema_text: str) -> xgr.CompiledGrammar:
-        return self.compile_checked_schema(check_schema(json.loads(schema_text)))
-
     def compile_checked_schema(self, schema: dict) -> xgr.CompiledGrammar:
-        """A schema check_schema has rewritten already."""
+        """A schema check_schema has rewritten already (the compiler checks it once, for
+        whichever backend then serves it)."""
         return self._run(lambda: self._compile(xgr.Grammar.from_json_schema(
             json.dumps(schema), strict_mode=True, **self.json_options())), "json_schema")
 
