@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_suite.sh multistep   # constrained / free with 8 decode steps a call (MODEL=...)
 #   bash benchmarks/gpu_suite.sh dfa C       # constrained / free at concurrency C with the token-level
 #                                            # DFA off, on, and on with 8 decode steps a call (MODEL=...)
+#   bash benchmarks/gpu_suite.sh device C    # 8 decode steps a call, jump-forward off: DFA rows masked and
+#                                            # stepped on the device, then on the host (MODEL=...)
 # Workloads are exported beforehand (the GPU machine has no ../shared):
 #   python benchmarks/serve.py --workload json --num-requests 512 --export-workload .work/json.jsonl
 #   (and chat, shared-prefix; status-ratio's steady state also needs
@@ -91,6 +93,16 @@ dfa)
   run --set dfa_masks=false
   run
   run --no-jump-forward --set num_scheduler_steps=8
+  ;;
+device)
+  # multi-step calls with DFA grammars stepped on the device (device_dfa, the default) and on
+  # the host (device_dfa off: each step's DFA rows filled by the host between the steps)
+  c=${2:-256}
+  run() { python benchmarks/engine_offline.py --model $M --workload $w/json.jsonl --max-tokens 256 \
+    --num-requests 256 --concurrency $c --paired --rounds 3 --no-jump-forward \
+    --set num_scheduler_steps=8 "$@" 2>>"$out/device.err" | tee -a "$out/device.md"; }
+  run
+  run --set device_dfa=false
   ;;
 status-serve)
   # through the server: 512 JSON-schema requests at concurrency 64, cold caches then warm,

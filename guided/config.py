@@ -81,6 +81,16 @@ class EngineConfig:
     # multi-step decode for constrained requests too (not while they have drafts): their
     # matchers fill each step's mask rows while the device runs its forward pass
     multi_step_constrained: bool = True
+    # multi-step decode: DFA grammars (dfa_masks) are masked and stepped on the device, with
+    # no host work between the call's steps (guided/worker/device_dfa.py); their transition
+    # tables are built on a compile thread once a grammar compiles, for indexes up to
+    # device_dfa_max_index_bytes serialized (reading the transitions holds the GIL ~0.1 s a
+    # million); the device holds up to device_dfa_max_rows states' rows and
+    # device_dfa_max_exceptions transitions off the states' common next state
+    device_dfa: bool = True
+    device_dfa_max_index_bytes: int = 8 << 20
+    device_dfa_max_rows: int = 1 << 16
+    device_dfa_max_exceptions: int = 1 << 24
     # overlapped scheduling: the host updates step t and prepares t+2 while the device runs
     # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)
     # unless num_scheduler_steps > 1 was asked for
@@ -135,6 +145,8 @@ class EngineConfig:
              "device must be auto, cpu or cuda[:N]", "device")
         need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
+        need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,
+             "device_dfa_max_rows and device_dfa_max_exceptions must be >= 1", "device_dfa")
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")
         need(not (self.async_scheduling and self.num_scheduler_steps > 1),
              "async_scheduling and num_scheduler_steps > 1 are alternatives: choose one",

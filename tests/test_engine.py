@@ -174,6 +174,50 @@ def test_multi_step_decode_with_grammars_equals_single_steps(llm):
         assert re.fullmatch(regex, got[2].text)
 
 
+def test_multi_step_dfa_rows_step_on_the_device(llm):
+    """Multi-step calls mask and step DFA grammars on the device (guided/worker/device_dfa.py)
+    once their tables are built, beside rows the host fills (a regex on xgrammar) and free
+    rows in the same calls: the tokens of one step at a time, every output valid."""
+    import time
+
+    import jsonschema
+
+    from guided.params import ConstraintSpec
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 500},
+        "tags": {"type": "array", "items": {"enum": ["old", "big", "wet"]}, "maxItems": 2}},
+        "required": ["city", "rank", "tags"]}
+    regex = r"[A-Z][a-z]{2,8} \d{1,3}"
+    prompts = [llm.apply_chat_template([{"role": "user", "content": text}]) for text in (
+        "A city as JSON.", "Paris as JSON.", "A name and a number.", "Say hello.")]
+    params = [SamplingParams(json_schema=schema, temperature=0, max_tokens=60),
+              SamplingParams(json_schema=schema, temperature=0.7, seed=3, max_tokens=60),
+              SamplingParams(regex=regex, temperature=0, max_tokens=20),
+              SamplingParams(temperature=0, max_tokens=20)]
+    want = llm.generate(prompts, params)
+    multi = LLM(num_kv_blocks=96, max_num_seqs=8, num_scheduler_steps=4, jump_forward=False)
+    try:
+        grammar = multi.engine.compiler.compile(ConstraintSpec.json_schema(schema))
+        dfa = grammar.matcher().dfa
+        deadline = time.monotonic() + 60
+        while dfa.tables is None and time.monotonic() < deadline:  # built on a compile thread
+            time.sleep(0.01)
+        assert dfa.tables is not None
+        got = multi.generate(prompts, params)
+        counts = multi.engine.step_times.counts
+        assert counts["multi_steps"] > 0 and counts["mask_rows_device"] > 0
+    finally:
+        multi.engine.shutdown()
+    for a, b in zip(got, want):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    for out in got[:2]:
+        assert out.finish_reason == "stop"
+        jsonschema.validate(json.loads(out.text), schema)
+    assert re.fullmatch(regex, got[2].text)
+
+
 def test_final_outputs_come_once_with_the_text_streaming_makes(llm):
     """output_kind "final" (LLM.generate, non-streaming server requests): no output before the
     finish, and the same tokens and text as a request that reports every step; an abort

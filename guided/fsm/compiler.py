@@ -97,6 +97,11 @@ class GrammarCompiler:
         self._pool.shutdown()
 
     @property
+    def _wants_device_tables(self) -> bool:
+        """Multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py)."""
+        return self.config.device_dfa and self.config.num_scheduler_steps > 1
+
+    @property
     def xgrammar_tokenizer_info(self):
         """The xgrammar TokenizerInfo its grammars are compiled for (mask shards load it)."""
         return self._xgrammar.tokenizer_info
@@ -142,6 +147,9 @@ class GrammarCompiler:
             schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
             dfa = self._dfa(schema) if self.config.dfa_masks else None
             if dfa is not None:
+                if self._wants_device_tables:  # after the compile: no request waits for it
+                    self._pool.submit(Future(), lambda: dfa.build_tables(
+                        self.config.device_dfa_max_index_bytes), label="dfa tables")
                 return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                        lambda: DfaMatcher(dfa, vocab))
             compiled = xg.compile_checked_schema(schema)

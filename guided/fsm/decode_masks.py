@@ -12,7 +12,7 @@ the matcher in the same state. So one heavy request in a batch of 256 neither ho
 nor keeps the batch out of multi-step calls; it decodes at the pace its rows are filled."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -23,13 +23,28 @@ from guided.scheduler.scheduler import SchedulerOutput
 
 
 class DecodeStepMasks:
-    def __init__(self, sched: SchedulerOutput, mask_rows: list[int], *, num_threads: int):
+    def __init__(self, sched: SchedulerOutput, mask_rows: list[int], *, num_threads: int,
+                 device_rows: Collection[int] = ()):
         """mask_rows: the bitmask row of each scheduled request's sampled row, -1 unconstrained
-        (StepInputs.mask_rows: one sampled row a request in a decode batch)."""
-        self.num_rows = sum(row >= 0 for row in mask_rows)
-        self._rows = [(b, item.request, row) for b, (item, row)
-                      in enumerate(zip(sched.scheduled, mask_rows)) if row >= 0]
+        (StepInputs.mask_rows: one sampled row a request in a decode batch). device_rows:
+        constrained requests (scheduled index) the device masks and steps
+        (guided/worker/device_dfa.py): their matchers take their tokens here, no rows filled;
+        the host's rows are renumbered 0.. in the order of the others."""
+        device = set(device_rows)
+        self.num_rows = 0  # the host's
+        self.host_rows = [-1] * len(mask_rows)  # scheduled index -> its row in fill's bitmask
+        self._rows = []  # (b, request, row; -1 for a device row)
+        for b, (item, row) in enumerate(zip(sched.scheduled, mask_rows)):
+            if row < 0:
+                continue
+            if b in device:
+                self._rows.append((b, item.request, -1))
+            else:
+                self.host_rows[b] = self.num_rows
+                self._rows.append((b, item.request, self.num_rows))
+                self.num_rows += 1
         self._num_threads = num_threads
+        self.steps_accepted = 0  # the call's steps whose tokens the matchers took
         self._accepted = {b: 0 for b, _, _ in self._rows}  # tokens each matcher took here
         self._refused: set[int] = set()  # rows whose grammar refused a token
         self._late: set[int] = set()  # heavy rows stopped where their fill was not ready
@@ -57,6 +72,8 @@ class DecodeStepMasks:
             self.accept(previous)
         live, heavy = [], []
         for b, request, row in self._rows:
+            if row < 0:  # the device's
+                continue
             if not self._takes_more(b, request):
                 bitmask[row].fill_(-1)
             elif request.matcher.heavy:  # started first: they fill beside the others
@@ -71,6 +88,7 @@ class DecodeStepMasks:
     def accept(self, tokens: list[int]) -> None:
         """Each live constrained row's matchers take its token (the last step's tokens too,
         once the call is done, so that every row's matchers stand where its tokens end)."""
+        self.steps_accepted += 1
         for b, request, _ in self._rows:
             if not self._takes_more(b, request):
                 continue

@@ -15,10 +15,12 @@ from guided.fsm.bitmask_fill import apply_bans
 from guided.fsm.decode_masks import DecodeStepMasks
 from guided.fsm.step_masks import MaskFill
 from guided.kernels.bitmask import masked_sample
+from guided.kernels.dfa_advance import dfa_advance
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
+from guided.worker.device_dfa import DeviceDfa
 from guided.worker.device_timeline import DeviceTimeline
 from guided.worker.host_bitmasks import HostBitmasks
 from guided.worker.host_lists import list_later, list_tensor
@@ -76,6 +78,7 @@ class ModelRunner:
         self.mask_words = -(-vocab_size // 32)
         self._bitmasks = HostBitmasks(self.mask_words, self.device, shared=shared_masks)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
+        self._device_dfa: DeviceDfa | None = None  # made for the first DFA grammar stepped there
         self.use_triton = self.device.type == "cuda"
         self.timeline = DeviceTimeline(config.device_timeline and self.use_triton)
         self.graphs = None
@@ -327,11 +330,19 @@ class ModelRunner:
                 torch.int64).to(dev, non_blocking=True)  # (S, B)
             temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
                 dev, non_blocking=True)
-            grammar = mask_rows = None
+            grammar = mask_rows = table = None
             if inputs.num_mask_rows:
-                grammar = DecodeStepMasks(sched, inputs.mask_rows,
+                on_device = self._device_rows(sched, inputs.mask_rows)
+                grammar = DecodeStepMasks(sched, inputs.mask_rows, device_rows=on_device,
                                           num_threads=self.config.mask_threads)
-                mask_rows = list_tensor(inputs.mask_rows, torch.int32).to(dev, non_blocking=True)
+                if on_device:  # mask_rows: each row's state, moved after every sample
+                    table = self._device_dfa
+                    times.count("mask_rows_device", len(on_device) * num_steps)
+                    rows = [on_device.get(b, -1 if r < 0 else 1 + r)
+                            for b, r in enumerate(grammar.host_rows)]
+                else:
+                    rows = inputs.mask_rows
+                mask_rows = list_tensor(rows, torch.int32).to(dev, non_blocking=True)
         meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
         steps: list[torch.Tensor] = []
         previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
@@ -350,7 +361,7 @@ class ModelRunner:
                 hidden, _ = self._forward(inputs)
                 logits = self.model.compute_logits(hidden)
                 bitmask = None
-                if grammar is not None:  # the host's part, while the forward pass runs
+                if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
                     done = self._mark_forward_done()
                     with times.phase("mask_fill"):
                         host = self.new_bitmask(grammar.num_rows)
@@ -358,20 +369,52 @@ class ModelRunner:
                                      give_up=None if done is None else done.query)
                     with times.phase("mask_upload"):
                         bitmask = self._bitmasks.to_device(host)
+                    if table is not None:  # into the table, below its DFA rows
+                        table.rows[1:1 + grammar.num_rows] = bitmask
+                if table is not None:
+                    bitmask = table.rows
                 steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
                                            vocab_size=self.vocab_size))
-                if grammar is not None:  # queued before the next forward pass, not after it
+                if table is not None:
+                    mask_rows = dfa_advance(mask_rows, steps[-1], table.tables, eos=table.eos)
+                if grammar is not None and grammar.num_rows:  # queued before the next forward
                     previous = list_later(steps[-1])
         with times.phase("sample_and_sync"):
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         if grammar is None:
             return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
-        grammar.accept([row[-1] for row in tokens])
+        for k in range(grammar.steps_accepted, num_steps):  # each step's, in order
+            grammar.accept([row[k] for row in tokens])
         for b, num in grammar.kept.items():  # late heavy rows stopped there
             times.count("late_rows")
             tokens[b] = tokens[b][:num]
         return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
                             accepted=grammar.accepted_rows)
+
+    def _device_rows(self, sched: SchedulerOutput, mask_rows: list[int]) -> dict[int, int]:
+        """The constrained rows of a multi-step call the device masks and steps (scheduled
+        index -> its state's row in the DeviceDfa table): those on a DFA whose tables are
+        built (and fit)."""
+        if not self.config.device_dfa:
+            return {}
+        out = {}
+        for b, (item, row) in enumerate(zip(sched.scheduled, mask_rows)):
+            matcher = item.request.matcher
+            dfa = getattr(matcher, "dfa", None)
+            if row < 0 or dfa is None or dfa.tables is None or matcher.is_terminated():
+                continue
+            if self._device_dfa is None:
+                if dfa.vocab.num_words != self.mask_words:  # not this model's vocabulary
+                    continue
+                self._device_dfa = DeviceDfa(
+                    self.mask_words, self.device, host_rows=self.config.max_num_seqs,
+                    max_rows=self.config.device_dfa_max_rows,
+                    max_exceptions=self.config.device_dfa_max_exceptions,
+                    eos=dfa.vocab.eos_id)
+            state_row = self._device_dfa.row_of(dfa, matcher.state)
+            if state_row is not None:
+                out[b] = state_row
+        return out
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor, str]:
         """The hidden states, and how they were made: a graph's kind, or "eager"."""

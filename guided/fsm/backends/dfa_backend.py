@@ -14,6 +14,7 @@ why not otherwise); the rest stay on xgrammar.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 
@@ -21,6 +22,7 @@ import numpy as np
 import outlines_core as oc
 import torch
 
+from guided.fsm.dfa_tables import DfaTables, build_tables, row_of
 from guided.fsm.matcher import MAX_ROLLBACK_TOKENS, Matcher
 from guided.fsm.vocab import TokenVocab
 
@@ -51,6 +53,11 @@ class RowPool:
         write_row(rows[slot].ctypes.data, rows.shape[1])
         self.rows = rows
         return slot
+
+    def add(self, row: np.ndarray) -> int:
+        """A new slot holding `row` (caller holds the lock)."""
+        return self.write(lambda pointer, words: ctypes.memmove(pointer, row.ctypes.data,
+                                                                 row.nbytes))
 
     def release(self, slots: dict[int, int]) -> None:
         """A DFA went away: its rows' slots are free again."""
@@ -92,6 +99,7 @@ class TokenDfa:
         self.pool = vocab.pool
         self._slots: dict[int, int] = {}  # state -> its row in the pool
         self._forced: dict[int, bytes] = {}
+        self.tables: DfaTables | None = None  # once built (build_tables), for the device
         weakref.finalize(self, self.pool.release, self._slots)
 
     @property
@@ -103,6 +111,10 @@ class TokenDfa:
         slot = self._slots.get(state)
         return slot if slot is not None else self._write(state, guide)
 
+    def slot_of(self, state: int) -> int:
+        """The slot of a state once the tables are built (every state has one then)."""
+        return self._slots[state]
+
     def _write(self, state: int, guide: oc.Guide) -> int:
         with self.pool.lock:
             slot = self._slots.get(state)
@@ -111,6 +123,24 @@ class TokenDfa:
                     pointer, words, 4))
                 self._slots[state] = slot
             return slot
+
+    def build_tables(self, max_bytes: int) -> DfaTables | None:
+        """Writes every state's row and publishes the transition tables (self.tables), unless
+        the index serializes to more than max_bytes (~7 bytes a transition): reading the
+        transitions holds the GIL (~0.1 s a million), and the tables would be as large."""
+        if len(self.index.__reduce__()[1][0]) > max_bytes:
+            return None
+        transitions = self.index.get_transitions()
+        finals = self.index.get_final_states()
+        states = sorted(set(transitions) | set(finals) | {self.index.get_initial_state()})
+        words, eos = self.vocab.num_words, self.vocab.eos_id
+        with self.pool.lock:
+            for state in states:
+                if state not in self._slots:
+                    self._slots[state] = self.pool.add(row_of(
+                        transitions.get(state, ()), words, eos if state in finals else None))
+        self.tables = build_tables(transitions, states, self._slots)
+        return self.tables
 
     def forced(self, state: int) -> bytes:
         """The bytes every continuation from `state` starts with (b"" if none)."""
@@ -175,6 +205,10 @@ class DfaMatcher(Matcher):
     @property
     def dfa(self) -> TokenDfa:
         return self._dfa
+
+    @property
+    def state(self) -> int:
+        return self._guide.get_state()
 
     def row_slot(self) -> int:
         """The memoized row of the current state (not for a terminated matcher)."""
