@@ -67,6 +67,13 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice)
+        # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
+        # tables are made by worker processes (fsm/table_worker.py), started on first use
+        self._table_workers = None
+        if config.dfa_masks and config.device_dfa and config.num_scheduler_steps > 1:
+            from guided.fsm.table_worker import TableWorkers
+
+            self._table_workers = TableWorkers(2)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:
@@ -95,11 +102,8 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
-
-    @property
-    def _wants_device_tables(self) -> bool:
-        """Multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py)."""
-        return self.config.device_dfa and self.config.num_scheduler_steps > 1
+        if self._table_workers is not None:
+            self._table_workers.shutdown()
 
     @property
     def xgrammar_tokenizer_info(self):
@@ -147,9 +151,10 @@ class GrammarCompiler:
             schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
             dfa = self._dfa(schema) if self.config.dfa_masks else None
             if dfa is not None:
-                if self._wants_device_tables:  # after the compile: no request waits for it
+                if self._table_workers is not None:  # after the compile: nobody waits for it
                     self._pool.submit(Future(), lambda: dfa.build_tables(
-                        self.config.device_dfa_max_index_bytes), label="dfa tables")
+                        self.config.device_dfa_max_index_bytes, self._table_workers),
+                        label="dfa tables")
                 return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                        lambda: DfaMatcher(dfa, vocab))
             compiled = xg.compile_checked_schema(schema)

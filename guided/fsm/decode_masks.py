@@ -44,7 +44,8 @@ class DecodeStepMasks:
                 self._rows.append((b, item.request, self.num_rows))
                 self.num_rows += 1
         self._num_threads = num_threads
-        self.steps_accepted = 0  # the call's steps whose tokens the matchers took
+        # the call's steps whose tokens the host's rows, the device's rows, took
+        self.host_steps_accepted = self.device_steps_accepted = 0
         self._accepted = {b: 0 for b, _, _ in self._rows}  # tokens each matcher took here
         self._refused: set[int] = set()  # rows whose grammar refused a token
         self._late: set[int] = set()  # heavy rows stopped where their fill was not ready
@@ -69,7 +70,7 @@ class DecodeStepMasks:
         whether the device has finished the step's forward pass, so that waiting longer for a
         heavy row would hold it (None: heavy rows are waited for)."""
         if previous is not None:
-            self.accept(previous)
+            self.accept(previous, device=False)
         live, heavy = [], []
         for b, request, row in self._rows:
             if row < 0:  # the device's
@@ -85,12 +86,18 @@ class DecodeStepMasks:
         if heavy:
             self._take_heavy(heavy, bitmask, give_up)
 
-    def accept(self, tokens: list[int]) -> None:
+    def accept(self, tokens: list[int], *, device: bool | None = None) -> None:
         """Each live constrained row's matchers take its token (the last step's tokens too,
-        once the call is done, so that every row's matchers stand where its tokens end)."""
-        self.steps_accepted += 1
-        for b, request, _ in self._rows:
-            if not self._takes_more(b, request):
+        once the call is done, so that every row's matchers stand where its tokens end).
+        device: only the device's rows (True), only the host's (False), both (None). The
+        host's rows take a step's tokens before their next rows are filled; the device's
+        take them while the device runs the next step, off the path its steps wait on."""
+        if device is not False:
+            self.device_steps_accepted += 1
+        if device is not True:
+            self.host_steps_accepted += 1
+        for b, request, row in self._rows:
+            if device is not None and (row < 0) != device or not self._takes_more(b, request):
                 continue
             if request.accept_committed(tokens[b]):
                 self._accepted[b] += 1

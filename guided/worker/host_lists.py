@@ -1,6 +1,7 @@
 """Python lists to CPU tensors and back, the fast way."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -18,13 +19,14 @@ def list_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
 
 def list_later(values: torch.Tensor) -> Callable[[], list]:
     """Queue a device tensor's copy to the host now; the returned call waits for that copy
-    alone and gives its list (a .tolist() later would wait for all work queued after it)."""
+    alone and gives its list (a .tolist() later would wait for all work queued after it), the
+    same list on every call."""
     if values.device.type != "cuda":
-        return values.tolist
+        return functools.cache(values.tolist)
     host = to_pinned(values)
     copied = torch.cuda.Event()
     copied.record()
-    return lambda: (copied.synchronize(), host.tolist())[1]
+    return functools.cache(lambda: (copied.synchronize(), host.tolist())[1])
 
 
 def to_pinned(values: torch.Tensor) -> torch.Tensor:

@@ -377,14 +377,19 @@ class ModelRunner:
                                            vocab_size=self.vocab_size))
                 if table is not None:
                     mask_rows = dfa_advance(mask_rows, steps[-1], table.tables, eos=table.eos)
-                if grammar is not None and grammar.num_rows:  # queued before the next forward
+                if table is not None and previous is not None:  # while the device runs step k
+                    with times.phase("device_rows_accept"):
+                        grammar.accept(previous(), device=True)
+                if grammar is not None:  # queued before the next forward pass, not after it
                     previous = list_later(steps[-1])
         with times.phase("sample_and_sync"):
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         if grammar is None:
             return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
-        for k in range(grammar.steps_accepted, num_steps):  # each step's, in order
-            grammar.accept([row[k] for row in tokens])
+        for k in range(grammar.host_steps_accepted, num_steps):  # each step's, in order
+            grammar.accept([row[k] for row in tokens], device=False)
+        for k in range(grammar.device_steps_accepted, num_steps):
+            grammar.accept([row[k] for row in tokens], device=True)
         for b, num in grammar.kept.items():  # late heavy rows stopped there
             times.count("late_rows")
             tokens[b] = tokens[b][:num]

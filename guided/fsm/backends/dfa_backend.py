@@ -22,8 +22,9 @@ import numpy as np
 import outlines_core as oc
 import torch
 
-from guided.fsm.dfa_tables import DfaTables, build_tables, row_of
+from guided.fsm.dfa_tables import DfaTables, index_tables
 from guided.fsm.matcher import MAX_ROLLBACK_TOKENS, Matcher
+from guided.fsm.table_worker import TableWorkers
 from guided.fsm.vocab import TokenVocab
 
 _MAX_FORCED_BYTES = 512
@@ -124,22 +125,25 @@ class TokenDfa:
                 self._slots[state] = slot
             return slot
 
-    def build_tables(self, max_bytes: int) -> DfaTables | None:
-        """Writes every state's row and publishes the transition tables (self.tables), unless
-        the index serializes to more than max_bytes (~7 bytes a transition): reading the
-        transitions holds the GIL (~0.1 s a million), and the tables would be as large."""
-        if len(self.index.__reduce__()[1][0]) > max_bytes:
+    def build_tables(self, max_bytes: int, workers: TableWorkers | None = None
+                     ) -> DfaTables | None:
+        """Writes every state's row and publishes the transition tables (self.tables), made by
+        a worker process (in this thread without one), unless the index serializes to more
+        than max_bytes (~7 bytes a transition: the tables would be as large)."""
+        index_bytes = self.index.__reduce__()[1][0]
+        if len(index_bytes) > max_bytes:
             return None
-        transitions = self.index.get_transitions()
-        finals = self.index.get_final_states()
-        states = sorted(set(transitions) | set(finals) | {self.index.get_initial_state()})
         words, eos = self.vocab.num_words, self.vocab.eos_id
+        made = (index_tables(index_bytes, words, eos) if workers is None
+                else workers.tables(index_bytes, words, eos))
+        slots = np.empty(len(made.states), dtype=np.int64)
         with self.pool.lock:
-            for state in states:
-                if state not in self._slots:
-                    self._slots[state] = self.pool.add(row_of(
-                        transitions.get(state, ()), words, eos if state in finals else None))
-        self.tables = build_tables(transitions, states, self._slots)
+            for i, state in enumerate(made.states.tolist()):
+                slot = self._slots.get(state)
+                if slot is None:
+                    slot = self._slots[state] = self.pool.add(made.rows[i])
+                slots[i] = slot
+        self.tables = made.with_slots(slots)
         return self.tables
 
     def forced(self, state: int) -> bytes:
