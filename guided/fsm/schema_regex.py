@@ -21,6 +21,7 @@ from guided.fsm.schema_check import (
     NUMBER_KEYWORDS,
     OBJECT_KEYWORDS,
     STRING_KEYWORDS,
+    TYPE_KEYWORDS,
 )
 
 # the assertion keywords whose outlines-core regex admits only values that validate (after
@@ -87,6 +88,9 @@ def _prepared(node, is_schema: bool, ranges: dict[str, str]):
         return dict(_ANY_TYPE)  # annotations only: an assertion stays, for the check to see
     if not isinstance(node, dict):
         return node
+    vacuous = _vacuous_keywords(node)
+    if vacuous:
+        node = {key: value for key, value in node.items() if key not in vacuous}
     bounded = _integer_placeholder(node, ranges)
     if bounded is not None:
         return bounded
@@ -103,6 +107,20 @@ def _prepared(node, is_schema: bool, ranges: dict[str, str]):
         else:
             out[key] = value
     return out
+
+
+def _vacuous_keywords(node: dict) -> frozenset[str]:
+    """The keywords of the types an explicit `type` excludes: they assert nothing, and
+    outlines-core would build on them (`"type": "array"` beside `properties` came out as an
+    object, which the type refuses)."""
+    types = node.get("type")
+    if isinstance(types, str):
+        types = [types]
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        return frozenset()
+    allowed = set(types) | ({"number"} if "integer" in types else set())
+    return frozenset().union(*(keywords for name, keywords in TYPE_KEYWORDS.items()
+                               if name not in allowed))
 
 
 def _grouped_pattern(pattern: str) -> str:

@@ -358,8 +358,10 @@ class ModelRunner:
                         max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
                     inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
                                                  meta=meta)
+                self.timeline.mark("forward")
                 hidden, _ = self._forward(inputs)
                 logits = self.model.compute_logits(hidden)
+                self.timeline.mark("decode end")
                 bitmask = None
                 if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
                     done = self._mark_forward_done()
@@ -373,10 +375,12 @@ class ModelRunner:
                         table.rows[1:1 + grammar.num_rows] = bitmask
                 if table is not None:
                     bitmask = table.rows
+                self.timeline.mark("sample")
                 steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
                                            vocab_size=self.vocab_size))
                 if table is not None:
                     mask_rows = dfa_advance(mask_rows, steps[-1], table.tables, eos=table.eos)
+                self.timeline.mark("sample end")
                 if table is not None and previous is not None:  # while the device runs step k
                     with times.phase("device_rows_accept"):
                         grammar.accept(previous(), device=True)

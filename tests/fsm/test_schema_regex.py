@@ -101,3 +101,19 @@ def test_a_subschema_of_assertions_without_a_type_is_no_any_value(child):
     """Only annotations make an any-value subschema: assertions stay for the check to see."""
     with pytest.raises(NotRegular):
         schema_regex({"type": "object", "properties": {"a": child}, "required": ["a"]})
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "array", "items": {"type": "integer"}, "properties": {},
+      "additionalProperties": False}, "[1, 2]", "{}"),
+    ({"type": "array", "required": ["standalone"]}, '["a"]', '{"standalone": 1}'),
+    ({"type": "string", "minItems": 2, "properties": {"a": {"type": "integer"}}}, '"x"', '{"a": 1}'),
+    ({"type": ["integer", "null"], "maximum": 9, "items": {"type": "string"}}, "9", "10"),
+])
+def test_keywords_of_types_the_type_excludes_are_dropped(schema, good, bad):
+    """Seen in serving (JSONSchemaBench): `"type": "array"` beside object keywords came out of
+    outlines-core as an object, which the type refuses."""
+    import re
+
+    regex = schema_regex(check_schema(schema))
+    assert re.fullmatch(regex, good) and not re.fullmatch(regex, bad)
