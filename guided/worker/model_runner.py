@@ -16,6 +16,7 @@ from guided.fsm.decode_masks import DecodeStepMasks
 from guided.fsm.step_masks import MaskFill
 from guided.kernels.bitmask import masked_sample
 from guided.kernels.dfa_advance import dfa_advance
+from guided.scheduler.policy import waits_for_late_rows
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
@@ -344,6 +345,7 @@ class ModelRunner:
                     rows = inputs.mask_rows
                 mask_rows = list_tensor(rows, torch.int32).to(dev, non_blocking=True)
         meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
+        wait_late = waits_for_late_rows(len(sched.scheduled))
         steps: list[torch.Tensor] = []
         previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
         with times.phase("forward_launch"):
@@ -362,9 +364,12 @@ class ModelRunner:
                 hidden, _ = self._forward(inputs)
                 logits = self.model.compute_logits(hidden)
                 self.timeline.mark("decode end")
+                if table is not None and previous is not None:  # while the forward pass runs
+                    with times.phase("device_rows_accept"):
+                        grammar.accept(previous(), device=True)
                 bitmask = None
                 if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
-                    done = self._mark_forward_done()
+                    done = None if wait_late else self._mark_forward_done()
                     with times.phase("mask_fill"):
                         host = self.new_bitmask(grammar.num_rows)
                         grammar.fill(None if previous is None else previous(), host,
@@ -381,9 +386,6 @@ class ModelRunner:
                 if table is not None:
                     mask_rows = dfa_advance(mask_rows, steps[-1], table.tables, eos=table.eos)
                 self.timeline.mark("sample end")
-                if table is not None and previous is not None:  # while the device runs step k
-                    with times.phase("device_rows_accept"):
-                        grammar.accept(previous(), device=True)
                 if grammar is not None:  # queued before the next forward pass, not after it
                     previous = list_later(steps[-1])
         with times.phase("sample_and_sync"):

@@ -59,6 +59,12 @@ def test_lookup_cooldown_doubles_and_is_capped():
     assert policy.lookup_cooldown(40, max_cooldown=8) == 8
 
 
+def test_multi_step_calls_wait_for_late_rows_only_in_small_batches():
+    assert policy.waits_for_late_rows(1) and policy.waits_for_late_rows(16)
+    assert not policy.waits_for_late_rows(17) and not policy.waits_for_late_rows(256)
+    assert policy.waits_for_late_rows(40, max_batch=64)
+
+
 def test_num_decode_steps():
     assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 5]) == 5
     assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 30]) == 8
