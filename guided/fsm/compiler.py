@@ -69,11 +69,9 @@ class GrammarCompiler:
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice)
         # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
         # tables are made by worker processes (fsm/table_worker.py), started on first use
+        self._wants_tables = config.dfa_masks and config.device_dfa and (
+            config.num_scheduler_steps > 1)
         self._table_workers = None
-        if config.dfa_masks and config.device_dfa and config.num_scheduler_steps > 1:
-            from guided.fsm.table_worker import TableWorkers
-
-            self._table_workers = TableWorkers(2)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:
@@ -152,9 +150,7 @@ class GrammarCompiler:
             dfa = self._dfa(schema) if self.config.dfa_masks else None
             if dfa is not None:
                 if self._table_workers is not None:  # after the compile: nobody waits for it
-                    self._pool.submit(Future(), lambda: dfa.build_tables(
-                        self.config.device_dfa_max_index_bytes, self._table_workers),
-                        label="dfa tables")
+                    self._table_workers.build_later(dfa, self.config.device_dfa_max_index_bytes)
                 return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                        lambda: DfaMatcher(dfa, vocab))
             compiled = xg.compile_checked_schema(schema)
@@ -184,6 +180,15 @@ class GrammarCompiler:
             with self._outlines_lock:
                 if self._dfa_vocab is None:
                     self._dfa_vocab = DfaVocab(self.vocab)
+                if self._wants_tables and self._table_workers is None:
+                    from guided.fsm.table_worker import TableWorkers
+
+                    v = self._dfa_vocab
+                    # a quarter of the cores (the step loop, mask threads and compiles
+                    # have the rest), up to 4
+                    self._table_workers = TableWorkers(
+                        min(4, max(1, (os.cpu_count() or 1) // 4)), eos=v.eos_id,
+                        token_map=v.token_map, num_words=v.num_words)
             return TokenDfa(regex, self._dfa_vocab)
         except NotRegular as e:
             log.debug("json schema on xgrammar: %s", e)

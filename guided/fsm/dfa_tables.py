@@ -2,16 +2,15 @@
 decode call then samples a DFA row's next token, and moves the row to its next state, without
 the host between its steps (guided/worker/device_dfa.py, guided/kernels/dfa_advance.py).
 
-Every state gets its row in the vocabulary's RowPool; the pool slot is the state's name in the
-tables. A state's transitions are stored as the next state most of its tokens go to (inside a
-string, almost the whole vocabulary goes to the same state) and the exceptions, sorted by
-token, which the device finds by binary search. EOS is not a transition: a row that samples
-it has ended.
+States are named by their position among the index's states, sorted. A state's transitions
+are stored as the next state most of its tokens go to (inside a string, almost the whole
+vocabulary goes to the same state) and the exceptions, sorted by token, which the device
+finds by binary search. EOS is not a transition: a row that samples it has ended.
 
 Built once per grammar, after the grammar is served (a request never waits for it), in a worker
-process (guided/fsm/table_worker.py) from the index's serialized form, so that reading every
-transition holds that process's GIL, not the engine's; a grammar whose tables would be too
-large keeps to the host.
+process (guided/fsm/table_worker.py) that builds the index again from its regex, so that
+neither the index's serialization nor reading every transition holds the engine's GIL; a
+grammar whose tables would be too large keeps to the host.
 """
 from __future__ import annotations
 
@@ -21,10 +20,10 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class StateTables:
-    """An index's tables over its states by position (0..S-1), as a worker process makes
-    them: the states, each one's mask row, its most common next state (a position, -1: none),
-    its exception count; the exceptions, state after state, sorted by token."""
+class DfaTables:
+    """An index's tables over its states by position (0..S-1, the states sorted): each one's
+    mask row, its most common next state (a position, -1: it has no transition), its exception
+    count; the exceptions, state after state, each state's sorted by token."""
     states: np.ndarray  # int64 [S]
     rows: np.ndarray  # int32 [S, words]
     default_next: np.ndarray  # int32 [S]
@@ -32,43 +31,26 @@ class StateTables:
     exc_token: np.ndarray  # int32 [E]
     exc_next: np.ndarray  # int32 [E], positions
 
-    def with_slots(self, slots: np.ndarray) -> DfaTables:
-        """The tables named by pool slots (slots[i]: the slot of states[i])."""
-        slots = slots.astype(np.int32)
-        return DfaTables(slots=slots,
-                         default_next=np.where(self.default_next < 0, -1,
-                                               slots[np.maximum(self.default_next, 0)]),
-                         exc_count=self.exc_count, exc_token=self.exc_token,
-                         exc_next=slots[self.exc_next])
-
-
-@dataclass(frozen=True)
-class DfaTables:
-    """Per state (in the order of `slots`) its pool slot, its most common next state (a slot,
-    -1: it has no transition) and how many exceptions it has; the exceptions of all states,
-    state after state, each state's sorted by token."""
-    slots: np.ndarray  # int32 [S]
-    default_next: np.ndarray  # int32 [S]
-    exc_count: np.ndarray  # int32 [S]
-    exc_token: np.ndarray  # int32 [E]
-    exc_next: np.ndarray  # int32 [E], slots
-
     @property
     def num_states(self) -> int:
-        return len(self.slots)
+        return len(self.states)
 
     @property
     def num_exceptions(self) -> int:
         return len(self.exc_token)
 
+    def position(self, state: int) -> int:
+        """A state's position (the tables' name for it)."""
+        return int(np.searchsorted(self.states, state))
 
-def index_tables(index_bytes: bytes, num_words: int, eos: int) -> StateTables:
-    """The tables of a serialized outlines-core Index (Index.__reduce__), eos allowed in its
-    final states' rows. Runs in a worker process (guided/fsm/table_worker.py): reading the
-    transitions builds a Python dict of every one, under the GIL."""
-    import outlines_core as oc
 
-    index = oc.Index.from_binary(index_bytes)
+def index_tables(index, num_words: int, eos: int, max_bytes: int) -> DfaTables | None:
+    """The tables of an outlines-core Index, eos allowed in its final states' rows; None where
+    the index serializes to more than max_bytes (~7 bytes a transition: the tables would be
+    as large). Runs in a worker process (guided/fsm/table_worker.py): reading the transitions
+    builds a Python dict of every one, under the GIL."""
+    if len(index.__reduce__()[1][0]) > max_bytes:
+        return None
     transitions = index.get_transitions()
     finals = set(index.get_final_states())
     states = sorted(set(transitions) | finals | {index.get_initial_state()})
@@ -98,7 +80,7 @@ def index_tables(index_bytes: bytes, num_words: int, eos: int) -> StateTables:
             exc_nexts.append(targets[order])
             exc_count[i] = len(order)
     empty = np.zeros(0, dtype=np.int32)
-    return StateTables(
+    return DfaTables(
         states=np.asarray(states, dtype=np.int64), rows=rows, default_next=default_next,
         exc_count=exc_count,
         exc_token=np.concatenate(exc_tokens) if exc_tokens else empty,

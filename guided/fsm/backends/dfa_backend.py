@@ -14,7 +14,6 @@ why not otherwise); the rest stay on xgrammar.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 import weakref
 
@@ -55,11 +54,6 @@ class RowPool:
         self.rows = rows
         return slot
 
-    def add(self, row: np.ndarray) -> int:
-        """A new slot holding `row` (caller holds the lock)."""
-        return self.write(lambda pointer, words: ctypes.memmove(pointer, row.ctypes.data,
-                                                                 row.nbytes))
-
     def release(self, slots: dict[int, int]) -> None:
         """A DFA went away: its rows' slots are free again."""
         with self.lock:
@@ -79,6 +73,7 @@ class DfaVocab:
         for token_id, data in enumerate(vocab.token_bytes):
             if data and token_id not in vocab.special_ids:
                 token_map.setdefault(data, []).append(token_id)
+        self.token_map = token_map
         self.eos_id = vocab.eos_token_ids[0]  # the one stop token the index allows
         self.vocabulary = oc.Vocabulary(self.eos_id, token_map)
         self.num_words = (vocab.vocab_size + 31) // 32
@@ -95,6 +90,7 @@ class TokenDfa:
     request of the schema and by the step's threads."""
 
     def __init__(self, regex: str, vocab: DfaVocab):
+        self.regex = regex
         self.index = oc.Index(regex, vocab.vocabulary)
         self.vocab = vocab
         self.pool = vocab.pool
@@ -112,10 +108,6 @@ class TokenDfa:
         slot = self._slots.get(state)
         return slot if slot is not None else self._write(state, guide)
 
-    def slot_of(self, state: int) -> int:
-        """The slot of a state once the tables are built (every state has one then)."""
-        return self._slots[state]
-
     def _write(self, state: int, guide: oc.Guide) -> int:
         with self.pool.lock:
             slot = self._slots.get(state)
@@ -127,24 +119,16 @@ class TokenDfa:
 
     def build_tables(self, max_bytes: int, workers: TableWorkers | None = None
                      ) -> DfaTables | None:
-        """Writes every state's row and publishes the transition tables (self.tables), made by
-        a worker process (in this thread without one), unless the index serializes to more
-        than max_bytes (~7 bytes a transition: the tables would be as large)."""
-        index_bytes = self.index.__reduce__()[1][0]
-        if len(index_bytes) > max_bytes:
-            return None
-        words, eos = self.vocab.num_words, self.vocab.eos_id
-        made = (index_tables(index_bytes, words, eos) if workers is None
-                else workers.tables(index_bytes, words, eos))
-        slots = np.empty(len(made.states), dtype=np.int64)
-        with self.pool.lock:
-            for i, state in enumerate(made.states.tolist()):
-                slot = self._slots.get(state)
-                if slot is None:
-                    slot = self._slots[state] = self.pool.add(made.rows[i])
-                slots[i] = slot
-        self.tables = made.with_slots(slots)
-        return self.tables
+        """Publishes the transition tables (self.tables), made by a worker process (in this
+        thread without one), unless the index serializes to more than max_bytes."""
+        if workers is None:
+            tables = index_tables(self.index, self.vocab.num_words, self.vocab.eos_id, max_bytes)
+        else:
+            tables = workers.tables(self.regex, max_bytes)
+        if tables is not None and tables.rows.shape[1] != self.vocab.num_words:
+            raise ValueError("DFA tables of another vocabulary")
+        self.tables = tables
+        return tables
 
     def forced(self, state: int) -> bytes:
         """The bytes every continuation from `state` starts with (b"" if none)."""
