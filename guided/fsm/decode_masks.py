@@ -2,13 +2,16 @@
 constrained requests: before each step's sampling, every constrained row's matcher takes the
 token the step before sampled and fills the row of the step's mask, while the device runs the
 step's forward pass. The host does no scheduling, input building or update between the steps,
-only this; the tokens are appended once, after the call (Engine._update).
+only this; the tokens are appended once, after the call (Engine._update). Rows of DFA grammars
+whose tables are on the device (guided/worker/device_dfa.py) are masked and stepped there: the
+host fills none of their rows, and their matchers take the tokens only to follow along, while
+the device runs the next forward pass.
 
 Heavy rows (a long counted repetition: milliseconds a row, fsm/side_fill.py) fill on side
-threads beside the others. One not filled by the time the device has finished the step's
-forward pass is late: its request stops for the rest of the call with the tokens it has (its
-later samples are dropped), and the fill is kept on the request for its next call, which finds
-the matcher in the same state. So one heavy request in a batch of 256 neither holds every step
+threads beside the others. In a batch larger than policy.waits_for_late_rows waits in, one not
+filled by the time the device has finished the step's forward pass is late: its request stops
+for the rest of the call with the tokens it has (its later samples are dropped), and the fill
+is kept on the request for its next call, which finds the matcher in the same state. So one heavy request in a batch of 256 neither holds every step
 nor keeps the batch out of multi-step calls; it decodes at the pace its rows are filled."""
 from __future__ import annotations
 

@@ -318,7 +318,9 @@ class ModelRunner:
         scheduling between them: each step's sampled tokens are the next step's inputs on the
         device. Without constrained requests the host reads all tokens once at the end; with
         them it reads each step's tokens while the device runs the next forward pass, and the
-        matchers take them and fill that step's mask rows meanwhile (DecodeStepMasks). The blocks
+        matchers take them and fill that step's mask rows meanwhile (DecodeStepMasks), but for
+        the rows of DFA grammars, which the device masks and moves on itself (DeviceDfa,
+        dfa_advance): with only those the host waits for nothing between steps. The blocks
         for every step must be allocated. A request that finishes early (EOS, stop string,
         its grammar's end) has its later tokens dropped by the engine."""
         times = self.times
