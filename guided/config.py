@@ -83,10 +83,10 @@ class EngineConfig:
     multi_step_constrained: bool = True
     # multi-step decode: DFA grammars (dfa_masks) are masked and stepped on the device, with
     # no host work between the call's steps (guided/worker/device_dfa.py); their transition
-    # tables are built on a compile thread once a grammar compiles, for indexes up to
-    # device_dfa_max_index_bytes serialized (reading the transitions holds the GIL ~0.1 s a
-    # million); the device holds up to device_dfa_max_rows states' rows and
-    # device_dfa_max_exceptions transitions off the states' common next state
+    # tables are built by worker processes once a grammar compiles (fsm/table_worker.py), for
+    # indexes up to device_dfa_max_index_bytes serialized (~7 bytes a transition); the device
+    # holds up to device_dfa_max_rows states' rows and device_dfa_max_exceptions transitions
+    # off the states' common next state
     device_dfa: bool = True
     device_dfa_max_index_bytes: int = 8 << 20
     device_dfa_max_rows: int = 1 << 16

@@ -15,7 +15,7 @@ from guided import LLM, SamplingParams
 from guided.fsm import side_fill
 from guided.fsm.backends import xgrammar_backend
 from guided.overlap import OverlappedSteps
-from guided.worker import model_runner
+from guided.worker import decode_steps
 from guided.worker.model_runner import ModelRunner
 
 NOTE = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
@@ -111,7 +111,7 @@ def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
             monkeypatch.setattr(side_fill, "fill_draft_rows", fill_in_10_ms)
             monkeypatch.setattr(ModelRunner, "_mark_forward_done", lambda self: _DeviceDone)
             # a batch this small would wait for its heavy rows (policy.waits_for_late_rows)
-            monkeypatch.setattr(model_runner, "waits_for_late_rows", lambda num_running: False)
+            monkeypatch.setattr(decode_steps, "waits_for_late_rows", lambda num_running: False)
         got = run(multi)
         assert engine.step_times.counts["multi_steps"] > 0
         assert bool(engine.step_times.counts.get("late_rows")) is late

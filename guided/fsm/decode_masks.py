@@ -11,8 +11,9 @@ Heavy rows (a long counted repetition: milliseconds a row, fsm/side_fill.py) fil
 threads beside the others. In a batch larger than policy.waits_for_late_rows waits in, one not
 filled by the time the device has finished the step's forward pass is late: its request stops
 for the rest of the call with the tokens it has (its later samples are dropped), and the fill
-is kept on the request for its next call, which finds the matcher in the same state. So one heavy request in a batch of 256 neither holds every step
-nor keeps the batch out of multi-step calls; it decodes at the pace its rows are filled."""
+is kept on the request for its next call, which finds the matcher in the same state. So one
+heavy request in a batch of 256 neither holds every step nor keeps the batch out of multi-step
+calls; it decodes at the pace its rows are filled."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
@@ -34,18 +35,19 @@ class DecodeStepMasks:
         (guided/worker/device_dfa.py): their matchers take their tokens here, no rows filled;
         the host's rows are renumbered 0.. in the order of the others."""
         device = set(device_rows)
-        self.num_rows = 0  # the host's
         self.host_rows = [-1] * len(mask_rows)  # scheduled index -> its row in fill's bitmask
-        self._rows = []  # (b, request, row; -1 for a device row)
+        self._host: list[tuple[int, Request, int]] = []  # (b, request, its row)
+        self._device: list[tuple[int, Request, int]] = []  # (b, request, -1)
         for b, (item, row) in enumerate(zip(sched.scheduled, mask_rows)):
             if row < 0:
                 continue
             if b in device:
-                self._rows.append((b, item.request, -1))
+                self._device.append((b, item.request, -1))
             else:
-                self.host_rows[b] = self.num_rows
-                self._rows.append((b, item.request, self.num_rows))
-                self.num_rows += 1
+                self.host_rows[b] = len(self._host)
+                self._host.append((b, item.request, len(self._host)))
+        self.num_rows = len(self._host)  # the host's
+        self._rows = self._host + self._device
         self._num_threads = num_threads
         # the call's steps whose tokens the host's rows, the device's rows, took
         self.host_steps_accepted = self.device_steps_accepted = 0
@@ -75,9 +77,7 @@ class DecodeStepMasks:
         if previous is not None:
             self.accept(previous, device=False)
         live, heavy = [], []
-        for b, request, row in self._rows:
-            if row < 0:  # the device's
-                continue
+        for b, request, row in self._host:
             if not self._takes_more(b, request):
                 bitmask[row].fill_(-1)
             elif request.matcher.heavy:  # started first: they fill beside the others
@@ -99,8 +99,9 @@ class DecodeStepMasks:
             self.device_steps_accepted += 1
         if device is not True:
             self.host_steps_accepted += 1
-        for b, request, row in self._rows:
-            if device is not None and (row < 0) != device or not self._takes_more(b, request):
+        rows = self._rows if device is None else self._device if device else self._host
+        for b, request, _ in rows:
+            if not self._takes_more(b, request):
                 continue
             if request.accept_committed(tokens[b]):
                 self._accepted[b] += 1

@@ -1,8 +1,8 @@
 """Builds a step's inputs (ids, positions, slot_mapping, block tables), runs the model, fills
-the grammar bitmask on the host while the forward pass runs, and samples."""
+the grammar bitmask on the host while the forward pass runs, and samples; multi-step calls are
+worker/decode_steps.py's."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -12,22 +12,18 @@ import torch
 
 from guided.config import EngineConfig
 from guided.fsm.bitmask_fill import apply_bans
-from guided.fsm.decode_masks import DecodeStepMasks
 from guided.fsm.step_masks import MaskFill
-from guided.kernels.bitmask import masked_sample
-from guided.kernels.dfa_advance import dfa_advance
-from guided.scheduler.policy import waits_for_late_rows
 from guided.scheduler.scheduler import SchedulerOutput
 from guided.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
-from guided.worker.device_dfa import DeviceDfa
+from guided.worker.decode_steps import DecodeSteps
 from guided.worker.device_timeline import DeviceTimeline
 from guided.worker.host_bitmasks import HostBitmasks
-from guided.worker.host_lists import list_later, list_tensor
+from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM
-from guided.worker.sampler import RowSource, position_seed, rows_for, sample_on_device
+from guided.worker.sampler import RowSource, rows_for, sample_on_device
 from guided.worker.step_io import LaunchedStep, RunnerOutput, SampledStep, StepInputs
 
 log = logging.getLogger(__name__)
@@ -79,7 +75,7 @@ class ModelRunner:
         self.mask_words = -(-vocab_size // 32)
         self._bitmasks = HostBitmasks(self.mask_words, self.device, shared=shared_masks)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="guided-mask")
-        self._device_dfa: DeviceDfa | None = None  # made for the first DFA grammar stepped there
+        self._decode_steps = DecodeSteps(self)
         self.use_triton = self.device.type == "cuda"
         self.timeline = DeviceTimeline(config.device_timeline and self.use_triton)
         self.graphs = None
@@ -312,122 +308,10 @@ class ModelRunner:
             self.timeline.mark("sample end")
         return SampledStep(inputs, samples)
 
-    @torch.inference_mode()
     def execute_decode_steps(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:
-        """num_steps decode steps of a decode batch (no drafts, penalties or logprobs) without
-        scheduling between them: each step's sampled tokens are the next step's inputs on the
-        device. Without constrained requests the host reads all tokens once at the end; with
-        them it reads each step's tokens while the device runs the next forward pass, and the
-        matchers take them and fill that step's mask rows meanwhile (DecodeStepMasks), but for
-        the rows of DFA grammars, which the device masks and moves on itself (DeviceDfa,
-        dfa_advance): with only those the host waits for nothing between steps. The blocks
-        for every step must be allocated. A request that finishes early (EOS, stop string,
-        its grammar's end) has its later tokens dropped by the engine."""
-        times = self.times
-        with times.phase("prepare"):
-            inputs = self.prepare(sched, [item.masked for item in sched.scheduled])
-            dev, bs = self.device, self.block_size
-            seeds = list_tensor(
-                [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
-                  for item in sched.scheduled] for k in range(num_steps)],
-                torch.int64).to(dev, non_blocking=True)  # (S, B)
-            temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
-                dev, non_blocking=True)
-            grammar = mask_rows = table = None
-            if inputs.num_mask_rows:
-                on_device = self._device_rows(sched, inputs.mask_rows)
-                grammar = DecodeStepMasks(sched, inputs.mask_rows, device_rows=on_device,
-                                          num_threads=self.config.mask_threads)
-                if on_device:  # mask_rows: each row's state, moved after every sample
-                    table = self._device_dfa
-                    times.count("mask_rows_device", len(on_device) * num_steps)
-                    rows = [on_device.get(b, -1 if r < 0 else 1 + r)
-                            for b, r in enumerate(grammar.host_rows)]
-                else:
-                    rows = inputs.mask_rows
-                mask_rows = list_tensor(rows, torch.int32).to(dev, non_blocking=True)
-        meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
-        wait_late = waits_for_late_rows(len(sched.scheduled))
-        steps: list[torch.Tensor] = []
-        previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
-        with times.phase("forward_launch"):
-            for k in range(num_steps):
-                if k:  # advance every request by the token it just sampled
-                    ids, positions = steps[-1], positions + 1
-                    block = meta.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-                    meta = AttentionMetadata(
-                        slot_mapping=block.long() * bs + positions % bs,
-                        block_tables=meta.block_tables, query_start_loc=meta.query_start_loc,
-                        seq_lens=meta.seq_lens + 1, max_query_len=1,
-                        max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
-                    inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
-                                                 meta=meta)
-                self.timeline.mark("forward")
-                hidden, _ = self._forward(inputs)
-                logits = self.model.compute_logits(hidden)
-                self.timeline.mark("decode end")
-                if table is not None and previous is not None:  # while the forward pass runs
-                    with times.phase("device_rows_accept"):
-                        grammar.accept(previous(), device=True)
-                bitmask = None
-                if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
-                    done = None if wait_late else self._mark_forward_done()
-                    with times.phase("mask_fill"):
-                        host = self.new_bitmask(grammar.num_rows)
-                        grammar.fill(None if previous is None else previous(), host,
-                                     give_up=None if done is None else done.query)
-                    with times.phase("mask_upload"):
-                        bitmask = self._bitmasks.to_device(host)
-                    if table is not None:  # into the table, below its DFA rows
-                        table.rows[1:1 + grammar.num_rows] = bitmask
-                if table is not None:
-                    bitmask = table.rows
-                self.timeline.mark("sample")
-                steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
-                                           vocab_size=self.vocab_size))
-                if table is not None:
-                    mask_rows = dfa_advance(mask_rows, steps[-1], table.tables, eos=table.eos)
-                self.timeline.mark("sample end")
-                if grammar is not None:  # queued before the next forward pass, not after it
-                    previous = list_later(steps[-1])
-        with times.phase("sample_and_sync"):
-            tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
-        if grammar is None:
-            return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
-        for k in range(grammar.host_steps_accepted, num_steps):  # each step's, in order
-            grammar.accept([row[k] for row in tokens], device=False)
-        for k in range(grammar.device_steps_accepted, num_steps):
-            grammar.accept([row[k] for row in tokens], device=True)
-        for b, num in grammar.kept.items():  # late heavy rows stopped there
-            times.count("late_rows")
-            tokens[b] = tokens[b][:num]
-        return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
-                            accepted=grammar.accepted_rows)
-
-    def _device_rows(self, sched: SchedulerOutput, mask_rows: list[int]) -> dict[int, int]:
-        """The constrained rows of a multi-step call the device masks and steps (scheduled
-        index -> its state's row in the DeviceDfa table): those on a DFA whose tables are
-        built (and fit)."""
-        if not self.config.device_dfa:
-            return {}
-        out = {}
-        for b, (item, row) in enumerate(zip(sched.scheduled, mask_rows)):
-            matcher = item.request.matcher
-            dfa = getattr(matcher, "dfa", None)
-            if row < 0 or dfa is None or dfa.tables is None or matcher.is_terminated():
-                continue
-            if self._device_dfa is None:
-                if dfa.vocab.num_words != self.mask_words:  # not this model's vocabulary
-                    continue
-                self._device_dfa = DeviceDfa(
-                    self.mask_words, self.device, host_rows=self.config.max_num_seqs,
-                    max_rows=self.config.device_dfa_max_rows,
-                    max_exceptions=self.config.device_dfa_max_exceptions,
-                    eos=dfa.vocab.eos_id)
-            state_row = self._device_dfa.row_of(dfa, matcher.state)
-            if state_row is not None:
-                out[b] = state_row
-        return out
+        """num_steps decode steps of a decode batch without scheduling between them
+        (worker/decode_steps.py)."""
+        return self._decode_steps.execute(sched, num_steps)
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor, str]:
         """The hidden states, and how they were made: a graph's kind, or "eager"."""

@@ -4,9 +4,10 @@ outlines-core index of its regex, and each DFA state's mask row is written once 
 Why: xgrammar fills a row by walking a pushdown automaton over the vocabulary (9 us a row
 batched on two threads, ~50 us alone, on the CPU here), which at concurrency 256 is
 milliseconds of host work a step, longer than a small model's forward pass. A token-level DFA's
-row depends on the state alone, so a state seen before costs a ~1 us copy; the first visit costs what outlines-core takes to write it (~1 us in JSON structure,
-~50 us inside a string, whose state then recurs for every token of the string). Accepting a token
-is one hash lookup (~0.4 us). The forced continuation (jump-forward) of a state is the chain of
+row depends on the state alone, so a state seen before costs a ~1 us copy; the first visit
+costs what outlines-core takes to write it (~1 us in JSON structure, ~50 us inside a string,
+whose state then recurs for every token of the string). Accepting a token is one hash lookup
+(~0.4 us). The forced continuation (jump-forward) of a state is the chain of
 states that allow a single next byte, probed through the single-byte tokens and memoized too.
 
 Exactness: only schemas whose regex is exact are served here (guided/fsm/schema_regex.py says

@@ -1,0 +1,150 @@
+"""Multi-step decode calls (num_scheduler_steps > 1): num_steps decode steps of a decode batch
+(no drafts, penalties or logprobs) without scheduling between them, each step's sampled tokens
+the next step's inputs on the device.
+
+Without constrained requests the host reads all tokens once at the end. With them it reads
+each step's tokens while the device runs the next forward pass, and the matchers take them and
+fill that step's mask rows meanwhile (fsm/decode_masks.py), but for the rows of DFA grammars,
+which the device masks and moves on itself (device_dfa.py, kernels/dfa_advance.py): with only
+those the host waits for nothing between steps. The blocks for every step must be allocated.
+A request that finishes early (EOS, stop string, its grammar's end) has its later tokens
+dropped by the engine."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from guided.fsm.decode_masks import DecodeStepMasks
+from guided.kernels.bitmask import masked_sample
+from guided.kernels.dfa_advance import dfa_advance
+from guided.scheduler.policy import waits_for_late_rows
+from guided.scheduler.scheduler import SchedulerOutput
+from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker.device_dfa import DeviceDfa
+from guided.worker.host_lists import list_later, list_tensor
+from guided.worker.sampler import position_seed
+from guided.worker.step_io import RunnerOutput
+
+if TYPE_CHECKING:
+    from guided.worker.model_runner import ModelRunner
+
+
+class DecodeSteps:
+    """A runner's multi-step calls, and the device table of its DFA grammars (made for the
+    first one stepped there)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.device_dfa: DeviceDfa | None = None
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, num_steps: int) -> RunnerOutput:
+        runner = self.runner
+        times = runner.times
+        with times.phase("prepare"):
+            inputs = runner.prepare(sched, [item.masked for item in sched.scheduled])
+            dev, bs = runner.device, runner.block_size
+            seeds = list_tensor(
+                [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
+                  for item in sched.scheduled] for k in range(num_steps)],
+                torch.int64).to(dev, non_blocking=True)  # (S, B)
+            temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
+                dev, non_blocking=True)
+            grammar = mask_rows = table = advance = None
+            if inputs.num_mask_rows:
+                on_device = self._device_rows(sched, inputs.mask_rows)
+                grammar = DecodeStepMasks(sched, inputs.mask_rows, device_rows=on_device,
+                                          num_threads=runner.config.mask_threads)
+                if on_device:  # mask_rows: each row's state, moved after every sample
+                    table, advance = self.device_dfa, self.device_dfa.tables
+                    times.count("mask_rows_device", len(on_device) * num_steps)
+                    rows = [on_device.get(b, -1 if r < 0 else 1 + r)
+                            for b, r in enumerate(grammar.host_rows)]
+                else:
+                    rows = inputs.mask_rows
+                mask_rows = list_tensor(rows, torch.int32).to(dev, non_blocking=True)
+        meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
+        wait_late = waits_for_late_rows(len(sched.scheduled))
+        steps: list[torch.Tensor] = []
+        previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
+        with times.phase("forward_launch"):
+            for k in range(num_steps):
+                if k:  # advance every request by the token it just sampled
+                    ids, positions = steps[-1], positions + 1
+                    block = meta.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
+                    meta = AttentionMetadata(
+                        slot_mapping=block.long() * bs + positions % bs,
+                        block_tables=meta.block_tables, query_start_loc=meta.query_start_loc,
+                        seq_lens=meta.seq_lens + 1, max_query_len=1,
+                        max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
+                    inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
+                                                 meta=meta)
+                runner.timeline.mark("forward")
+                hidden, _ = runner._forward(inputs)
+                logits = runner.model.compute_logits(hidden)
+                runner.timeline.mark("decode end")
+                if table is not None and previous is not None:  # while the forward pass runs
+                    with times.phase("device_rows_accept"):
+                        grammar.accept(previous(), device=True)
+                bitmask = None
+                if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
+                    done = None if wait_late else runner._mark_forward_done()
+                    with times.phase("mask_fill"):
+                        host = runner.new_bitmask(grammar.num_rows)
+                        grammar.fill(None if previous is None else previous(), host,
+                                     give_up=None if done is None else done.query)
+                    with times.phase("mask_upload"):
+                        bitmask = runner._bitmasks.to_device(host)
+                    if table is not None:  # into the table, below its DFA rows
+                        table.rows[1:1 + grammar.num_rows] = bitmask
+                if table is not None:
+                    bitmask = table.rows
+                runner.timeline.mark("sample")
+                steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
+                                           vocab_size=runner.vocab_size))
+                if table is not None:
+                    mask_rows = dfa_advance(mask_rows, steps[-1], advance, eos=table.eos)
+                runner.timeline.mark("sample end")
+                if grammar is not None:  # queued before the next forward pass, not after it
+                    previous = list_later(steps[-1])
+        with times.phase("sample_and_sync"):
+            tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
+        if grammar is None:
+            return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
+        for k in range(grammar.host_steps_accepted, num_steps):  # each step's, in order
+            grammar.accept([row[k] for row in tokens], device=False)
+        for k in range(grammar.device_steps_accepted, num_steps):
+            grammar.accept([row[k] for row in tokens], device=True)
+        for b, num in grammar.kept.items():  # late heavy rows stopped there
+            times.count("late_rows")
+            tokens[b] = tokens[b][:num]
+        return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
+                            accepted=grammar.accepted_rows)
+
+    def _device_rows(self, sched: SchedulerOutput, mask_rows: list[int]) -> dict[int, int]:
+        """The constrained rows of a multi-step call the device masks and steps (scheduled
+        index -> its state's row in the DeviceDfa table): those on a DFA whose tables are
+        built (and fit)."""
+        config = self.runner.config
+        if not config.device_dfa:
+            return {}
+        out = {}
+        for b, (item, row) in enumerate(zip(sched.scheduled, mask_rows)):
+            matcher = item.request.matcher
+            dfa = getattr(matcher, "dfa", None)
+            if row < 0 or dfa is None or dfa.tables is None or matcher.is_terminated():
+                continue
+            if self.device_dfa is None:
+                if dfa.vocab.num_words != self.runner.mask_words:  # not this model's vocabulary
+                    continue
+                self.device_dfa = DeviceDfa(
+                    self.runner.mask_words, self.runner.device, host_rows=config.max_num_seqs,
+                    max_rows=config.device_dfa_max_rows,
+                    max_exceptions=config.device_dfa_max_exceptions, eos=dfa.vocab.eos_id)
+            state_row = self.device_dfa.row_of(dfa, matcher.state)
+            if state_row is not None:
+                out[b] = state_row
+        return out
