@@ -89,8 +89,10 @@ class _DeviceDone:
 @pytest.mark.parametrize("late", [False, True])
 def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
     """Multi-step decode over heavy and light rows: the tokens of one step at a time. Late:
-    every heavy fill takes 10 ms and the device never waits, so a heavy row stops its request
-    for the rest of each call where its fill is not in (the next call takes the kept fill)."""
+    every heavy fill takes 10 ms and the device never waits, so a heavy row sits out each step
+    where its fill is not in (the next step, or the next call, takes the kept fill): the
+    device feeds it the same token at the same position again and its seeds follow its
+    tokens, not the steps."""
     single = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=False,
                  dfa_masks=False)
     try:
@@ -114,7 +116,7 @@ def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
             monkeypatch.setattr(decode_steps, "waits_for_late_rows", lambda num_running: False)
         got = run(multi)
         assert engine.step_times.counts["multi_steps"] > 0
-        assert bool(engine.step_times.counts.get("late_rows")) is late
+        assert bool(engine.step_times.counts.get("late_steps")) is late
         for a, b in zip(got, want):
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
         for i, out in enumerate(got):

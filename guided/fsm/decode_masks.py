@@ -9,11 +9,12 @@ the device runs the next forward pass.
 
 Heavy rows (a long counted repetition: milliseconds a row, fsm/side_fill.py) fill on side
 threads beside the others. In a batch larger than policy.waits_for_late_rows waits in, one not
-filled by the time the device has finished the step's forward pass is late: its request stops
-for the rest of the call with the tokens it has (its later samples are dropped), and the fill
-is kept on the request for its next call, which finds the matcher in the same state. So one
-heavy request in a batch of 256 neither holds every step nor keeps the batch out of multi-step
-calls; it decodes at the pace its rows are filled."""
+filled by the time the device has finished the step's forward pass is late: fill() names it,
+and its request sits the step out (the device feeds it the same token at the same position
+again, decode_steps.py, and its sample is dropped); its fill runs on and serves the next step,
+or the next call, which finds the matcher in the same state. So one heavy request in a batch
+of 256 neither holds every step nor keeps the batch out of multi-step calls; it decodes at the
+pace its rows are filled, losing a step where one is late, not the rest of the call."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
@@ -53,7 +54,7 @@ class DecodeStepMasks:
         self.host_steps_accepted = self.device_steps_accepted = 0
         self._accepted = {b: 0 for b, _, _ in self._rows}  # tokens each matcher took here
         self._refused: set[int] = set()  # rows whose grammar refused a token
-        self._late: set[int] = set()  # heavy rows stopped where their fill was not ready
+        self._late: set[int] = set()  # heavy rows the last step's fill gave up on
 
     @property
     def accepted_rows(self) -> frozenset[int]:
@@ -62,23 +63,21 @@ class DecodeStepMasks:
         call began, so the update feeds it and ends the request at the refused token."""
         return frozenset(b for b, _, _ in self._rows if b not in self._refused)
 
-    @property
-    def kept(self) -> dict[int, int]:
-        """Late rows: how many of their tokens stand (those sampled before they stopped)."""
-        return {b: self._accepted[b] for b in self._late}
-
     def fill(self, previous: list[int] | None, bitmask: torch.Tensor,
-             give_up: Callable[[], bool] | None = None) -> None:
+             give_up: Callable[[], bool] | None = None) -> frozenset[int]:
         """previous: the tokens the step before sampled (one per scheduled request; None
-        before the first step). Rows that can take nothing more (ended, refused, late) allow
-        every token: what they sample lies past where they stop and is dropped. give_up:
-        whether the device has finished the step's forward pass, so that waiting longer for a
-        heavy row would hold it (None: heavy rows are waited for)."""
+        before the first step). Rows that can take nothing more (ended, refused) allow every
+        token: what they sample lies past where they stop and is dropped. give_up: whether
+        the device has finished the step's forward pass, so that waiting longer for a heavy
+        row would hold it (None: heavy rows are waited for). Returns the late rows: they
+        allow every token too, and their samples of this step do not count (the next accept
+        passes them over)."""
+        filling = set(self._late)  # their matchers are their side threads' until done
         if previous is not None:
             self.accept(previous, device=False)
         live, heavy = [], []
         for b, request, row in self._host:
-            if not self._takes_more(b, request):
+            if b not in filling and not self._takes_more(b, request):
                 bitmask[row].fill_(-1)
             elif request.matcher.heavy:  # started first: they fill beside the others
                 heavy.append((b, request, row,
@@ -88,20 +87,23 @@ class DecodeStepMasks:
         fill_bitmasks(live, bitmask, num_threads=self._num_threads)
         if heavy:
             self._take_heavy(heavy, bitmask, give_up)
+        return frozenset(self._late)
 
     def accept(self, tokens: list[int], *, device: bool | None = None) -> None:
         """Each live constrained row's matchers take its token (the last step's tokens too,
         once the call is done, so that every row's matchers stand where its tokens end).
         device: only the device's rows (True), only the host's (False), both (None). The
-        host's rows take a step's tokens before their next rows are filled; the device's
-        take them while the device runs the next step, off the path its steps wait on."""
+        host's rows take a step's tokens before their next rows are filled, but for the rows
+        late at that step; the device's take them while the device runs the next step, off
+        the path its steps wait on."""
         if device is not False:
             self.device_steps_accepted += 1
         if device is not True:
             self.host_steps_accepted += 1
         rows = self._rows if device is None else self._device if device else self._host
+        late, self._late = (self._late, set()) if device is not True else (set(), self._late)
         for b, request, _ in rows:
-            if not self._takes_more(b, request):
+            if b in late or not self._takes_more(b, request):
                 continue
             if request.accept_committed(tokens[b]):
                 self._accepted[b] += 1
@@ -113,10 +115,8 @@ class DecodeStepMasks:
                 self._accepted[b] = 0
 
     def _takes_more(self, b: int, request) -> bool:
-        """Whether row b's grammar can take another token (it neither ended, refused nor
-        stopped late; a late row's matcher is its side thread's: not asked)."""
-        return (b not in self._refused and b not in self._late
-                and not request.matcher.is_terminated())
+        """Whether row b's grammar can take another token (it neither ended nor refused)."""
+        return b not in self._refused and not request.matcher.is_terminated()
 
     def _side_fill(self, b: int, request, words: int) -> SideFill:
         """The fill of a heavy row's next mask, for the committed tokens and those its
@@ -126,8 +126,8 @@ class DecodeStepMasks:
 
     def _take_heavy(self, heavy: list[tuple[int, Request, int, SideFill]], bitmask: torch.Tensor,
                     give_up: Callable[[], bool] | None) -> None:
-        """Copies in the heavy rows filled by the time the device would wait; stops the rest
-        (their fills run on, kept on their requests)."""
+        """Copies in the heavy rows filled by the time the device would wait; the rest are
+        late (their fills run on, kept on their requests)."""
         wait_fills([fill for *_, fill in heavy], give_up)
         for b, request, row, fill in heavy:
             if fill.done:

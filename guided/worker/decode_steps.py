@@ -1,6 +1,8 @@
 """Multi-step decode calls (num_scheduler_steps > 1): num_steps decode steps of a decode batch
 (no drafts, penalties or logprobs) without scheduling between them, each step's sampled tokens
-the next step's inputs on the device.
+the next step's inputs on the device. A constrained row whose mask is late (a heavy row,
+fsm/decode_masks.py) sits the step out: the next step feeds it the same token at the same
+position, and its sample there is dropped.
 
 Without constrained requests the host reads all tokens once at the end. With them it reads
 each step's tokens while the device runs the next forward pass, and the matchers take them and
@@ -70,15 +72,23 @@ class DecodeSteps:
         wait_late = waits_for_late_rows(len(sched.scheduled))
         steps: list[torch.Tensor] = []
         previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
+        late_at: list[frozenset[int]] = []  # each step's late rows: their samples do not count
+        moves: torch.Tensor | None = None  # the last step's: 1 a row that moved on, 0 a late one
+        lag: torch.Tensor | None = None  # steps each row sat out so far (None: none did)
         with times.phase("forward_launch"):
             for k in range(num_steps):
-                if k:  # advance every request by the token it just sampled
-                    ids, positions = steps[-1], positions + 1
+                if k:  # advance every request by the token it just sampled, but late ones
+                    if moves is None:
+                        ids, positions, step = steps[-1], positions + 1, 1
+                    else:  # the same token at the same position again: its KV written again
+                        ids = torch.where(moves.bool(), steps[-1], ids)
+                        positions = positions + moves.to(positions.dtype)
+                        step = moves.to(meta.seq_lens.dtype)
                     block = meta.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
                     meta = AttentionMetadata(
                         slot_mapping=block.long() * bs + positions % bs,
                         block_tables=meta.block_tables, query_start_loc=meta.query_start_loc,
-                        seq_lens=meta.seq_lens + 1, max_query_len=1,
+                        seq_lens=meta.seq_lens + step, max_query_len=1,
                         max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
                     inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
                                                  meta=meta)
@@ -89,27 +99,36 @@ class DecodeSteps:
                 if table is not None and previous is not None:  # while the forward pass runs
                     with times.phase("device_rows_accept"):
                         grammar.accept(previous(), device=True)
-                bitmask = None
+                bitmask, late = None, frozenset()
                 if grammar is not None and grammar.num_rows:  # the host's part, meanwhile
                     done = None if wait_late else runner._mark_forward_done()
                     with times.phase("mask_fill"):
                         host = runner.new_bitmask(grammar.num_rows)
-                        grammar.fill(None if previous is None else previous(), host,
-                                     give_up=None if done is None else done.query)
+                        late = grammar.fill(None if previous is None else previous(), host,
+                                            give_up=None if done is None else done.query)
                     with times.phase("mask_upload"):
                         bitmask = runner._bitmasks.to_device(host)
                     if table is not None:  # into the table, below its DFA rows
                         table.rows[1:1 + grammar.num_rows] = bitmask
                 if table is not None:
                     bitmask = table.rows
+                # a row's k-th sample of the call is seeded as its k-th token, late steps or not
+                seed = seeds[k] if lag is None else seeds.gather(0, (k - lag).unsqueeze(0))[0]
                 runner.timeline.mark("sample")
-                steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seeds[k],
+                steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seed,
                                            vocab_size=runner.vocab_size))
                 if table is not None:
                     mask_rows = dfa_advance(mask_rows, steps[-1], advance, eos=table.eos)
                 runner.timeline.mark("sample end")
                 if grammar is not None:  # queued before the next forward pass, not after it
                     previous = list_later(steps[-1])
+                late_at.append(late)
+                moves = None
+                if late:
+                    times.count("late_steps", len(late))
+                    moves = list_tensor([int(b not in late) for b in range(len(sched.scheduled))],
+                                        torch.int64).to(dev, non_blocking=True)
+                    lag = (1 - moves) if lag is None else lag + (1 - moves)
         with times.phase("sample_and_sync"):
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         if grammar is None:
@@ -118,9 +137,8 @@ class DecodeSteps:
             grammar.accept([row[k] for row in tokens], device=False)
         for k in range(grammar.device_steps_accepted, num_steps):
             grammar.accept([row[k] for row in tokens], device=True)
-        for b, num in grammar.kept.items():  # late heavy rows stopped there
-            times.count("late_rows")
-            tokens[b] = tokens[b][:num]
+        for b in set().union(*late_at):  # a late row's samples at its late steps are dropped
+            tokens[b] = [t for t, late in zip(tokens[b], late_at) if b not in late]
         return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
                             accepted=grammar.accepted_rows)
 

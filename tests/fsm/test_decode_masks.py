@@ -76,10 +76,11 @@ def test_a_refused_token_walks_the_row_back_for_the_update(compiler, tokenizer):
     assert int(bitmask[1].eq(-1).all())
 
 
-def test_a_late_heavy_row_stops_its_request_and_its_fill_is_kept(compiler, tokenizer,
-                                                                   monkeypatch):
-    """A heavy row not filled when the device is done stops its request for the rest of the
-    call with the tokens it has; the next call takes the kept fill, which serves that state."""
+def test_a_late_heavy_row_sits_out_the_step_and_its_fill_is_kept(compiler, tokenizer,
+                                                                  monkeypatch):
+    """A heavy row not filled when the device is done is late: it allows every token, its
+    sample of the step is not taken, and its fill (kept on the request, its matcher
+    untouched) serves the next step, or the next call, at the same state."""
     from concurrent.futures import Future
 
     from guided.fsm import side_fill
@@ -99,18 +100,19 @@ def test_a_late_heavy_row_stops_its_request_and_its_fill_is_kept(compiler, token
     a, x = token(tokenizer, "a"), token(tokenizer, "x")
     bitmask = torch.zeros(2, WORDS, dtype=torch.int32)
     masks = DecodeStepMasks(sched, rows, num_threads=1)
-    masks.fill(None, bitmask, give_up=lambda: True)  # the device is done: no wait
-    assert masks.kept == {1: 0} and int(bitmask[1].eq(-1).all())
+    assert masks.fill(None, bitmask, give_up=lambda: True) == {1}  # the device is done
+    assert int(bitmask[1].eq(-1).all())
     assert heavy.side_fill is started[0]  # kept on the request, its matcher untouched
-    masks.fill([a, x], bitmask, give_up=lambda: True)
-    masks.accept([token(tokenizer, "b"), x])
-    assert masks.kept == {1: 0} and len(started) == 1
-    assert masks.accepted_rows == frozenset({0, 1})  # its matcher holds its kept tokens: none
+    # step 2: its step-1 sample (a stray "a") is not taken; still late, the same fill
+    assert masks.fill([a, a], bitmask, give_up=lambda: True) == {1}
+    assert len(started) == 1
 
     filled = torch.zeros(1, WORDS, dtype=torch.int32)
     filled[0, x // 32] = 1 << (x % 32)
     started[0].future.set_result(filled)
-    again = DecodeStepMasks(sched, rows, num_threads=1)
-    again.fill(None, bitmask, give_up=lambda: True)  # the kept fill serves the same state
-    assert again.kept == {} and heavy.side_fill is None and len(started) == 1
+    # step 3: the kept fill is in: the row takes part, with that fill's row
+    assert masks.fill([token(tokenizer, "b"), a], bitmask, give_up=lambda: True) == set()
+    assert heavy.side_fill is None and len(started) == 1
     assert torch.equal(bitmask[1], filled[0])
+    masks.accept([token(tokenizer, "c"), x])
+    assert masks.accepted_rows == frozenset({0, 1}), "a stray sample fed to x+ is refused"
