@@ -63,6 +63,10 @@ class EngineConfig:
     # instead of xgrammar's grammar: a state's mask row is written once, then copied (~1 us
     # against ~50 us a fill; guided/fsm/backends/dfa_backend.py); the others stay on xgrammar
     dfa_masks: bool = True
+    # a schema whose regex unrolls past this many positions (fsm/regex_size.py: its DFA
+    # takes ~0.3 ms a position to build, seconds for the largest) is served by xgrammar at
+    # once while its DFA compiles in the background; its requests after that get the DFA
+    dfa_max_wait_size: int = 1000
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
@@ -145,6 +149,7 @@ class EngineConfig:
              "device must be auto, cpu or cuda[:N]", "device")
         need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
+        need(self.dfa_max_wait_size >= 0, "dfa_max_wait_size must be >= 0", "dfa_max_wait_size")
         need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,
              "device_dfa_max_rows and device_dfa_max_exceptions must be >= 1", "device_dfa")
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")

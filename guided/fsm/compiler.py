@@ -28,6 +28,7 @@ from typing import Any
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.matcher import Matcher
+from guided.fsm.regex_size import regex_size
 from guided.fsm.vocab import TokenVocab
 from guided.params import ConstraintSpec
 
@@ -39,11 +40,20 @@ log = logging.getLogger(__name__)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines" | "dfa"
+    backend: str  # "xgrammar" | "outlines" | "dfa": the one its next matcher comes from
     _make_matcher: Callable[[], Matcher] = field(repr=False)
+    # a large schema's DFA, compiling in the background while xgrammar serves it (-> the DFA's
+    # CompiledGrammar, or None where it failed): the matchers made once it is in are the DFA's
+    upgrade: Future | None = field(default=None, repr=False)
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the grammar's start (cheap: the compiled grammar is shared)."""
+        upgrade = self.upgrade
+        if upgrade is not None and upgrade.done():
+            dfa = None if upgrade.exception() is not None else upgrade.result()
+            if dfa is not None:
+                self.backend, self._make_matcher = dfa.backend, dfa._make_matcher
+            self.upgrade = None
         return self._make_matcher()
 
 
@@ -67,6 +77,11 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice)
+        # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
+        # fewer threads, and lower still, than the compiles requests wait for
+        self._upgrades = WatchdogPool(
+            num_workers=max(1, config.compile_threads // 2), timeout_s=config.compile_timeout_s,
+            nice=min(19, config.compile_nice + 5)) if config.dfa_masks else None
         # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
         # tables are made by worker processes (fsm/table_worker.py), started on first use
         self._wants_tables = config.dfa_masks and config.device_dfa and (
@@ -100,6 +115,8 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
+        if self._upgrades is not None:
+            self._upgrades.shutdown()
         if self._table_workers is not None:
             self._table_workers.shutdown()
 
@@ -125,7 +142,6 @@ class GrammarCompiler:
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
-        from guided.fsm.backends.dfa_backend import DfaMatcher
         from guided.fsm.backends.outlines_backend import OutlinesMatcher
         from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, has_long_repetition
         from guided.fsm.schema_check import check_schema
@@ -145,14 +161,18 @@ class GrammarCompiler:
             seconds = time.perf_counter() - start
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))
+        upgrade = None
         if spec.kind == "json_schema":
             schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
-            dfa = self._dfa(schema) if self.config.dfa_masks else None
-            if dfa is not None:
-                if self._table_workers is not None:  # after the compile: nobody waits for it
-                    self._table_workers.build_later(dfa, self.config.device_dfa_max_index_bytes)
-                return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
-                                       lambda: DfaMatcher(dfa, vocab))
+            regex = self._regex(schema) if self.config.dfa_masks else None
+            if regex is not None and regex_size(regex) <= self.config.dfa_max_wait_size:
+                dfa = self._dfa_grammar(spec, regex, start)
+                if dfa is not None:
+                    return dfa
+            elif regex is not None:  # its DFA takes seconds: xgrammar's serves it meanwhile
+                upgrade = Future()
+                self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
+                                      label="json_schema DFA")
             compiled = xg.compile_checked_schema(schema)
         elif spec.kind == "json_object":
             compiled = xg.compile_json_object()
@@ -167,16 +187,44 @@ class GrammarCompiler:
         heavy = has_long_repetition(compiled)
         return CompiledGrammar(spec, seconds, "xgrammar",
                                lambda: XGrammarMatcher(compiled, vocab, ban=ban,
-                                                       string_ban=string_ban, heavy=heavy))
+                                                       string_ban=string_ban, heavy=heavy),
+                               upgrade=upgrade)
 
-    def _dfa(self, schema: dict):
-        """The checked schema's token-level DFA, or None where its language is not served
-        exactly that way (xgrammar compiles it then)."""
-        from guided.fsm.backends.dfa_backend import DfaVocab, TokenDfa
+    def _dfa_grammar(self, spec: ConstraintSpec, regex: str,
+                     start: float | None = None) -> CompiledGrammar | None:
+        """The schema's grammar served by the token-level DFA of its regex (None where
+        outlines-core cannot build it); its device tables are made after, by the workers."""
+        from guided.fsm.backends.dfa_backend import DfaMatcher
+
+        start = time.perf_counter() if start is None else start
+        dfa = self._dfa(regex)
+        if dfa is None:
+            return None
+        if self._table_workers is not None:  # after the compile: nobody waits for it
+            self._table_workers.build_later(dfa, self.config.device_dfa_max_index_bytes)
+        vocab = self.vocab
+        return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
+                               lambda: DfaMatcher(dfa, vocab))
+
+    @staticmethod
+    def _regex(schema: dict) -> str | None:
+        """The checked schema's exact regex, or None where its language is not regular (or
+        not written exactly that way): xgrammar compiles it then."""
         from guided.fsm.schema_regex import NotRegular, schema_regex
 
         try:
-            regex = schema_regex(schema)
+            return schema_regex(schema)
+        except NotRegular as e:
+            log.debug("json schema on xgrammar: %s", e)
+        except Exception as e:  # noqa: BLE001 - a bug here costs the DFA, not the request
+            log.warning("json schema on xgrammar: its regex failed: %r", e)
+        return None
+
+    def _dfa(self, regex: str):
+        """The regex's token-level DFA, or None where outlines-core fails on it."""
+        from guided.fsm.backends.dfa_backend import DfaVocab, TokenDfa
+
+        try:
             with self._outlines_lock:
                 if self._dfa_vocab is None:
                     self._dfa_vocab = DfaVocab(self.vocab)
@@ -190,8 +238,6 @@ class GrammarCompiler:
                         min(4, max(1, (os.cpu_count() or 1) // 4)), eos=v.eos_id,
                         token_map=v.token_map, num_words=v.num_words)
             return TokenDfa(regex, self._dfa_vocab)
-        except NotRegular as e:
-            log.debug("json schema on xgrammar: %s", e)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException

@@ -200,3 +200,43 @@ def test_the_compiler_serves_regular_schemas_with_the_dfa(tokenizer):
     finally:
         on.shutdown()
         off.shutdown()
+
+
+def test_a_large_schema_is_served_by_xgrammar_until_its_dfa_is_in(tokenizer, monkeypatch):
+    """Past dfa_max_wait_size a schema's first grammar is xgrammar's, at once; its DFA compiles
+    in the background, and the matchers made once it is in are the DFA's."""
+    import threading
+
+    building = threading.Event()
+    build = GrammarCompiler._dfa
+
+    def held_build(self, regex):  # the DFA compiles only once the test lets it
+        assert building.wait(60)
+        return build(self, regex)
+
+    monkeypatch.setattr(GrammarCompiler, "_dfa", held_build)
+    compiler = GrammarCompiler(tokenizer, vocab_size=49152,
+                               config=EngineConfig(dfa_max_wait_size=0))
+    try:
+        grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
+        assert grammar.backend == "xgrammar" and grammar.upgrade is not None
+        first = grammar.matcher()
+        assert not isinstance(first, DfaMatcher)
+        building.set()
+        assert grammar.upgrade.result(timeout=60).backend == "dfa"
+        later = grammar.matcher()
+        assert isinstance(later, DfaMatcher) and grammar.backend == "dfa"
+        assert grammar.upgrade is None
+        text = b'{"name": "Ann", "role": "user", "tags": ["ab"]}'
+        assert first.accept_bytes(text) and later.accept_bytes(text)  # the same language
+        assert not first.accept_bytes(b"x") and not later.accept_bytes(b"x")
+    finally:
+        compiler.shutdown()
+    not_regular = GrammarCompiler(tokenizer, vocab_size=49152,
+                                  config=EngineConfig(dfa_max_wait_size=0))
+    try:  # no regex: nothing to wait for
+        grammar = not_regular.compile(ConstraintSpec.json_schema({"type": "number",
+                                                                  "maximum": 9}), timeout=60)
+        assert grammar.backend == "xgrammar" and grammar.upgrade is None
+    finally:
+        not_regular.shutdown()
