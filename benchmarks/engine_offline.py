@@ -192,7 +192,8 @@ def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) ->
 
 
 def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
-    """One token of every row, which compiles every grammar once; the rows not refused."""
+    """One token of every row, which compiles every grammar once (and waits for what is built
+    after a compile: large schemas' DFAs, device tables); the rows not refused."""
     warm = run(engine, rows, 1, free=False, tag="w")
     kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
     if not kept:
@@ -205,7 +206,9 @@ def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
         grammar = engine.compiler.submit(spec).result()
         if grammar.upgrade is not None:  # a large schema's DFA, still compiling: waited for
             wait([grammar.upgrade])
-            grammar.matcher()
+        dfa = getattr(grammar.matcher(), "dfa", None)
+        if dfa is not None and dfa.tables_ready is not None:  # its device tables too
+            wait([dfa.tables_ready])
         backends[grammar.backend] += 1
     print(f"  grammars of the {len(kept)} requests kept: "
           + ", ".join(f"{n} {name}" for name, n in backends.most_common()),

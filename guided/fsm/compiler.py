@@ -201,7 +201,8 @@ class GrammarCompiler:
         if dfa is None:
             return None
         if self._table_workers is not None:  # after the compile: nobody waits for it
-            self._table_workers.build_later(dfa, self.config.device_dfa_max_index_bytes)
+            dfa.tables_ready = self._table_workers.build_later(
+                dfa, self.config.device_dfa_max_index_bytes)
         vocab = self.vocab
         return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                lambda: DfaMatcher(dfa, vocab))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from concurrent.futures import Future
 
 import numpy as np
 import outlines_core as oc
@@ -98,6 +99,7 @@ class TokenDfa:
         self._slots: dict[int, int] = {}  # state -> its row in the pool
         self._forced: dict[int, bytes] = {}
         self.tables: DfaTables | None = None  # once built (build_tables), for the device
+        self.tables_ready: Future | None = None  # the build, where workers were asked for it
         weakref.finalize(self, self.pool.release, self._slots)
 
     @property
