@@ -78,9 +78,10 @@ class GrammarCompiler:
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
-        # fewer threads, and lower still, than the compiles requests wait for
+        # nobody waits for them, so one thread, lower still than the compiles requests wait
+        # for (each is seconds of a core's time, which the step loop needs more while cold)
         self._upgrades = WatchdogPool(
-            num_workers=max(1, config.compile_threads // 2), timeout_s=config.compile_timeout_s,
+            num_workers=1, timeout_s=config.compile_timeout_s,
             nice=min(19, config.compile_nice + 5)) if config.dfa_masks else None
         # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
         # tables are made by worker processes (fsm/table_worker.py), started on first use
