@@ -160,7 +160,9 @@ if triton is not None:
         x = x * 0xC2B2AE35
         return x ^ (x >> 16)
 
-    @triton.jit
+    # num_splits follows the batch size: specialized on it (== 1, divisible by 16), a batch
+    # size first seen mid-run would compile a variant (~0.1 s) inside a decode step
+    @triton.jit(do_not_specialize=["num_splits"])
     def _masked_sample_kernel(
         logits_ptr, logits_row_stride, bitmask_ptr, bitmask_row_stride, mask_rows_ptr,
         temperature_ptr, seeds_ptr, part_val_ptr, part_idx_ptr, out_ptr,
@@ -210,16 +212,27 @@ if triton is not None:
             tl.store(part_val_ptr + row * num_splits + split, top)
             tl.store(part_idx_ptr + row * num_splits + split, idx)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_splits"])
     def _argmax_splits_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits,
                               BLOCK_S: tl.constexpr):
+        """The first maximum over a row's splits, BLOCK_S splits at a time (one variant for
+        every split count); splits cover increasing columns, so a tie keeps the earlier."""
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_S)
+        base = row * num_splits
         valid = offs < num_splits
-        vals = tl.load(part_val_ptr + row * num_splits + offs, mask=valid, other=float("-inf"))
-        idxs = tl.load(part_idx_ptr + row * num_splits + offs, mask=valid, other=2147483647)
-        top = tl.max(vals, axis=0)
-        idx = tl.min(tl.where(vals == top, idxs, 2147483647), axis=0)
+        vals = tl.load(part_val_ptr + base + offs, mask=valid, other=float("-inf"))
+        idxs = tl.load(part_idx_ptr + base + offs, mask=valid, other=2147483647)
+        best = tl.max(vals, axis=0)
+        idx = tl.min(tl.where(vals == best, idxs, 2147483647), axis=0)
+        for s in range(BLOCK_S, num_splits, BLOCK_S):
+            valid = s + offs < num_splits
+            vals = tl.load(part_val_ptr + base + s + offs, mask=valid, other=float("-inf"))
+            idxs = tl.load(part_idx_ptr + base + s + offs, mask=valid, other=2147483647)
+            top = tl.max(vals, axis=0)
+            first = tl.min(tl.where(vals == top, idxs, 2147483647), axis=0)
+            idx = tl.where(top > best, first, idx)
+            best = tl.maximum(best, top)
         tl.store(out_ptr + row, idx.to(tl.int64))
 
     @triton.jit
@@ -252,6 +265,7 @@ if triton is not None:
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SAMPLE_BLOCK = 1024
+_SPLITS_BLOCK = 128  # splits reduced at a time (_argmax_splits_kernel)
 _APPLY_BLOCK = 2048
 
 
@@ -359,8 +373,7 @@ def masked_sample(
     )
     if not single:
         _argmax_splits_kernel[(num_rows,)](
-            part_val, part_idx, out, num_splits,
-            BLOCK_S=max(16, triton.next_power_of_2(num_splits)), num_warps=1,
+            part_val, part_idx, out, num_splits, BLOCK_S=_SPLITS_BLOCK, num_warps=1,
         )
     return out
 

@@ -68,7 +68,9 @@ def dfa_advance_ref(states: torch.Tensor, tokens: torch.Tensor, tables: AdvanceT
 
 
 if triton is not None:
-    @triton.jit
+    # not specialized on the batch size, the tables' offset or their search depth, which
+    # change mid-run: a new variant would compile (~0.1 s) inside a decode step
+    @triton.jit(do_not_specialize=["num_rows", "eos", "offset", "search_steps"])
     def _dfa_advance_kernel(states_ptr, tokens_ptr, out_ptr, num_rows, eos, offset,
                             default_ptr, start_ptr, count_ptr, exc_token_ptr, exc_next_ptr,
                             search_steps, BLOCK: tl.constexpr):

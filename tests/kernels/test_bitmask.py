@@ -56,6 +56,22 @@ def _inputs(batch: int, vocab_size: int, pad: int, dtype: torch.dtype, device: s
     return {k: v.to(device) for k, v in out.items()}
 
 
+def test_splits_are_reduced_a_block_at_a_time(device: str, monkeypatch) -> None:
+    """More splits than one block of the reduction (a vocabulary past 128 K columns): chunks
+    of 2 here, ties (flat rows) keep the first maximum, as the reference does."""
+    monkeypatch.setattr(bm, "_SPLITS_BLOCK", 2)
+    vocab_size = 5 * 1024 + 3
+    x = _inputs(8, vocab_size, 0, torch.float32, device, False, seed=5)
+    for row, mask_row in ((1, -1), (2, 0)):  # flat rows, unmasked and half masked: every
+        x["logits"][row] = 0.5  # column a maximum, the first allowed one wins
+        x["temperature"][row] = 0.0
+        x["mask_rows"][row] = mask_row
+    ref = bm.masked_sample_ref(**x, vocab_size=vocab_size)
+    for num_splits in (5, 6):
+        got = bm.masked_sample(**x, vocab_size=vocab_size, num_splits=num_splits)
+        assert torch.equal(got, ref), (num_splits, got, ref)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab_size", [1000, 1001, 1024 + 7])
 @pytest.mark.parametrize("pad", [0, 64])
