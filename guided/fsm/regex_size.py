@@ -3,7 +3,7 @@ without building it.
 
 Building a token-level index walks the vocabulary from every DFA state, so its cost grows with
 the states: ~0.35 ms a state on the CPU here, 11 s for a schema of 30k states against 6 ms for
-xgrammar's grammar of it (benchmarks/bench_dfa_tables.py). The compiler asks this first, so that
+xgrammar's grammar of it (benchmarks/bench_dfa_sizes.py). The compiler asks this first, so that
 such a schema's requests need not wait for that (fsm/compiler.py). The count is an estimate, a
 pure function of the text: every literal character or class counts 1, a sequence and the
 branches of an alternation add up, and a repetition multiplies by its upper bound (its lower one

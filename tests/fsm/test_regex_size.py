@@ -31,3 +31,11 @@ def test_large_repetitions_and_long_alternations_are_large():
     assert regex_size(f"\\{{({keys})\\}}") > 1000
     assert regex_size('"[a-z]{0,2048}"') > 1000
     assert regex_size('\\{"name":"[a-z]{0,32}","age":[0-9]{1,3}\\}') < 100
+
+
+def test_a_regex_nested_past_the_recursion_limit_counts_as_large():
+    from guided.fsm.compiler import _unrolled_size
+
+    deep = "(" * 5000 + "a" + ")" * 5000
+    assert _unrolled_size(deep) == float("inf")
+    assert _unrolled_size("(a){3}") == 3
