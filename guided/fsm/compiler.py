@@ -166,7 +166,7 @@ class GrammarCompiler:
         if spec.kind == "json_schema":
             schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
             regex = self._regex(schema) if self.config.dfa_masks else None
-            if regex is not None and _unrolled_size(regex) <= self.config.dfa_max_wait_size:
+            if regex is not None and regex_size(regex) <= self.config.dfa_max_wait_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa
@@ -253,14 +253,6 @@ class GrammarCompiler:
             if self._outlines is None:
                 self._outlines = OutlinesBackend(self.vocab)
             return self._outlines
-
-
-def _unrolled_size(regex: str) -> float:
-    """regex_size, or infinity for a regex nested past Python's recursion limit (large)."""
-    try:
-        return regex_size(regex)
-    except RecursionError:
-        return float("inf")
 
 
 def lower_thread_priority(nice: int) -> None:

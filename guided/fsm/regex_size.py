@@ -13,10 +13,14 @@ counted repetitions unrolled.
 from __future__ import annotations
 
 
-def regex_size(regex: str) -> int:
+def regex_size(regex: str) -> float:
     """The unrolled size of a regex in the syntax schema_regex writes (groups, alternation,
-    classes, escapes and the quantifiers ?, *, +, {n}, {m,}, {m,n})."""
-    return _alternation(regex, 0)[0]
+    classes, escapes and the quantifiers ?, *, +, {n}, {m,}, {m,n}); infinite for one nested
+    past Python's recursion limit (large by any measure)."""
+    try:
+        return _alternation(regex, 0)[0]
+    except RecursionError:
+        return float("inf")
 
 
 def _alternation(regex: str, i: int) -> tuple[int, int]:

@@ -27,124 +27,20 @@ import os
 
 import torch
 
-try:  # CPU-only installs may lack triton: the refs below still work.
+try:  # CPU-only installs may lack triton: the references (bitmask_ref.py) still work.
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
-GREEDY_EPS = 1e-5
-_GOLDEN = 0x9E3779B9
-_M1 = 0x85EBCA6B
-_M2 = 0xC2B2AE35
-_MASK32 = 0xFFFFFFFF
-_LN2 = 0.6931471805599453
-
-
-# --------------------------------------------------------------------------------------------
-# torch references (what the CPU engine runs)
-# --------------------------------------------------------------------------------------------
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), without int64 overflow (split c in halves)."""
-    lo = x * (c & 0xFFFF)
-    hi = ((x * (c >> 16)) & 0xFFFF) << 16
-    return (lo + hi) & _MASK32
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finalizer on int64 lanes holding uint32 values."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, _M1)
-    x = x ^ (x >> 13)
-    x = _mul32(x, _M2)
-    return x ^ (x >> 16)
-
-
-def _row_keys(seeds: torch.Tensor) -> torch.Tensor:
-    seeds = seeds.to(torch.int64)
-    lo = seeds & _MASK32
-    hi = (seeds >> 32) & _MASK32
-    return _fmix32(lo ^ _fmix32(hi ^ _GOLDEN))  # [B] int64 in [0, 2**32)
-
-
-def gumbel_noise_ref(seeds: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """Counter-based Gumbel noise g(seed_b, j): [B] int64 seeds -> [B, num_cols] float32."""
-    keys = _row_keys(seeds)  # [B]
-    cols = torch.arange(num_cols, dtype=torch.int64, device=seeds.device)  # [V]
-    h = _fmix32((_mul32(cols, _GOLDEN)[None, :] + keys[:, None]) & _MASK32)  # [B, V]
-    u = ((h >> 9).to(torch.float32) + 0.5) * (2.0**-23)  # [B, V] in (0, 1)
-    e = -_LN2 * torch.log2(u)  # [B, V] standard exponential, as the kernel computes it
-    return -_LN2 * torch.log2(e)
-
-
-def allowed_mask_ref(
-    bitmask: torch.Tensor | None,
-    mask_rows: torch.Tensor | None,
-    num_rows: int,
-    num_cols: int,
-    *,
-    vocab_size: int,
-) -> torch.Tensor:
-    """[num_rows, num_cols] bool: token allowed for logits row b (rows with mask_rows -1: all
-    columns below vocab_size). mask_rows None means row b uses bitmask row b."""
-    device = bitmask.device if bitmask is not None else "cpu"
-    cols = torch.arange(num_cols, device=device)
-    in_vocab = (cols < vocab_size)[None, :].expand(num_rows, num_cols)  # [B, V]
-    if bitmask is None:
-        return in_vocab.clone()
-    if mask_rows is None:
-        mask_rows = torch.arange(num_rows, device=device, dtype=torch.int32)
-    mask_rows = mask_rows.to(device=device, dtype=torch.int64)
-    words = bitmask[mask_rows.clamp(min=0)]  # [B, W] int32
-    shifts = torch.arange(32, device=device, dtype=torch.int32)
-    bits = ((words[:, :, None] >> shifts) & 1).reshape(num_rows, -1).bool()  # [B, 32W]
-    n = min(bits.shape[1], num_cols)
-    allowed = torch.zeros(num_rows, num_cols, dtype=torch.bool, device=device)
-    allowed[:, :n] = bits[:, :n]
-    allowed = torch.where((mask_rows < 0)[:, None], True, allowed)
-    return allowed & in_vocab
-
-
-def masked_sample_ref(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor | None,
-    mask_rows: torch.Tensor | None,
-    temperature: torch.Tensor,
-    seeds: torch.Tensor,
-    *,
-    vocab_size: int,
-) -> torch.Tensor:
-    """The exact function of the kernel (module docstring), in torch. Returns [B] int64."""
-    num_rows, num_cols = logits.shape
-    if bitmask is None:
-        mask_rows = None
-    allowed = allowed_mask_ref(bitmask, mask_rows, num_rows, num_cols, vocab_size=vocab_size)
-    scores = logits.float()  # [B, V]
-    temperature = temperature.to(device=logits.device, dtype=torch.float32)
-    sample = temperature > GREEDY_EPS  # [B]
-    if bool(sample.any()):
-        noise = gumbel_noise_ref(seeds.to(logits.device), num_cols)  # [B, V]
-        noisy = scores + temperature[:, None] * noise
-        scores = torch.where(sample[:, None], noisy, scores)
-    scores = scores.masked_fill(~allowed.to(logits.device), float("-inf"))
-    return torch.argmax(scores, dim=-1)  # first maximum on ties; all -inf -> 0
-
-
-def apply_token_bitmask_ref_(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor,
-    mask_rows: torch.Tensor | None = None,
-    *,
-    vocab_size: int,
-) -> None:
-    """In place: disallowed tokens and columns >= vocab_size -> -inf."""
-    num_rows, num_cols = logits.shape
-    allowed = allowed_mask_ref(bitmask, mask_rows, num_rows, num_cols, vocab_size=vocab_size)
-    logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
-
+from guided.kernels.bitmask_ref import (  # noqa: F401 - the references, exported here too
+    GREEDY_EPS,
+    allowed_mask_ref,
+    apply_token_bitmask_ref_,
+    gumbel_noise_ref,
+    masked_sample_ref,
+)
 
 # --------------------------------------------------------------------------------------------
 # Triton kernels
@@ -219,19 +115,17 @@ if triton is not None:
         every split count); splits cover increasing columns, so a tie keeps the earlier."""
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_S)
-        base = row * num_splits
-        valid = offs < num_splits
-        vals = tl.load(part_val_ptr + base + offs, mask=valid, other=float("-inf"))
-        idxs = tl.load(part_idx_ptr + base + offs, mask=valid, other=2147483647)
-        best = tl.max(vals, axis=0)
-        idx = tl.min(tl.where(vals == best, idxs, 2147483647), axis=0)
-        for s in range(BLOCK_S, num_splits, BLOCK_S):
+        best = tl.full([], float("-inf"), tl.float32)
+        idx = tl.full([], 2147483647, tl.int32)  # none yet: the first block's stands, even -inf
+        for s in range(0, num_splits, BLOCK_S):
             valid = s + offs < num_splits
-            vals = tl.load(part_val_ptr + base + s + offs, mask=valid, other=float("-inf"))
-            idxs = tl.load(part_idx_ptr + base + s + offs, mask=valid, other=2147483647)
+            vals = tl.load(part_val_ptr + row * num_splits + s + offs, mask=valid,
+                           other=float("-inf"))
+            idxs = tl.load(part_idx_ptr + row * num_splits + s + offs, mask=valid,
+                           other=2147483647)
             top = tl.max(vals, axis=0)
             first = tl.min(tl.where(vals == top, idxs, 2147483647), axis=0)
-            idx = tl.where(top > best, first, idx)
+            idx = tl.where((top > best) | (idx == 2147483647), first, idx)
             best = tl.maximum(best, top)
         tl.store(out_ptr + row, idx.to(tl.int64))
 
