@@ -15,6 +15,7 @@ from guided import LLM, SamplingParams
 from guided.fsm import side_fill
 from guided.fsm.backends import xgrammar_backend
 from guided.overlap import OverlappedSteps
+from guided.params import ConstraintSpec
 from guided.worker import decode_steps
 from guided.worker.model_runner import ModelRunner
 
@@ -86,23 +87,47 @@ class _DeviceDone:
         return True
 
 
-@pytest.mark.parametrize("late", [False, True])
-def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
+def built_dfas(engine) -> None:
+    """The schemas' grammars compiled, and PERSON's DFA with its device tables built, as every
+    request then finds them (a DFA's rows are the host's until its tables are in); NOTE's long
+    string keeps it on xgrammar: its rows are the heavy ones."""
+    for schema in (NOTE, PERSON):
+        grammar = engine.compiler.submit(ConstraintSpec.json_schema(schema)).result()
+        assert grammar.backend == ("xgrammar" if schema is NOTE else "dfa")
+        dfa = getattr(grammar.matcher(), "dfa", None)
+        if dfa is not None and dfa.tables_ready is not None:
+            dfa.tables_ready.result(timeout=300)
+
+
+@pytest.mark.parametrize("device,late,dfa", [
+    ("cpu", False, False), ("cpu", True, False), ("cpu", False, True),
+    # on a GPU the later steps of a call replay the decode graph on inputs the device advanced
+    # (kernels/decode_inputs.py); with DFA rows the device also masks and steps those
+    pytest.param("cuda", False, False, marks=pytest.mark.gpu),
+    pytest.param("cuda", True, False, marks=pytest.mark.gpu),
+    pytest.param("cuda", False, True, marks=pytest.mark.gpu)])
+def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, device, late, dfa):
     """Multi-step decode over heavy and light rows: the tokens of one step at a time. Late:
     every heavy fill takes 10 ms and the device never waits, so a heavy row sits out each step
     where its fill is not in (the next step, or the next call, takes the kept fill): the
     device feeds it the same token at the same position again and its seeds follow its
     tokens, not the steps."""
-    single = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", async_scheduling=False,
-                 dfa_masks=False)
+    # jump-forward off in both: on a GPU its verify passes' logits differ from a decode
+    # pass's by an ulp, enough to flip a sample at this temperature
+    single = LLM(num_kv_blocks=256, max_num_seqs=8, device=device, async_scheduling=False,
+                 jump_forward=False, dfa_masks=dfa)
     try:
+        if dfa:
+            built_dfas(single.engine)
         want = run(single)
     finally:
         single.engine.shutdown()
-    multi = LLM(num_kv_blocks=256, max_num_seqs=8, device="cpu", num_scheduler_steps=4,
-                jump_forward=False, dfa_masks=False)
+    multi = LLM(num_kv_blocks=256, max_num_seqs=8, device=device, num_scheduler_steps=4,
+                jump_forward=False, dfa_masks=dfa)
     try:
         engine = multi.engine
+        if dfa:
+            built_dfas(engine)
         if late:
             slow_fill = side_fill.fill_draft_rows
 
@@ -116,6 +141,8 @@ def test_multi_step_calls_give_heavy_rows_the_same_outputs(monkeypatch, late):
             monkeypatch.setattr(decode_steps, "waits_for_late_rows", lambda num_running: False)
         got = run(multi)
         assert engine.step_times.counts["multi_steps"] > 0
+        if dfa:
+            assert engine.step_times.counts.get("mask_rows_device", 0) > 0
         assert bool(engine.step_times.counts.get("late_steps")) is late
         for a, b in zip(got, want):
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)

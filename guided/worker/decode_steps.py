@@ -13,7 +13,6 @@ A request that finishes early (EOS, stop string, its grammar's end) has its late
 dropped by the engine."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -24,11 +23,12 @@ from guided.kernels.bitmask import masked_sample
 from guided.kernels.dfa_advance import dfa_advance
 from guided.scheduler.policy import waits_for_late_rows
 from guided.scheduler.scheduler import SchedulerOutput
+from guided.kernels.decode_inputs import advance_decode_inputs_
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.device_dfa import DeviceDfa
 from guided.worker.host_lists import list_later, list_tensor
 from guided.worker.sampler import position_seed
-from guided.worker.step_io import RunnerOutput
+from guided.worker.step_io import RunnerOutput, StepInputs
 
 if TYPE_CHECKING:
     from guided.worker.model_runner import ModelRunner
@@ -68,7 +68,7 @@ class DecodeSteps:
                 else:
                     rows = inputs.mask_rows
                 mask_rows = list_tensor(rows, torch.int32).to(dev, non_blocking=True)
-        meta, ids, positions = inputs.meta, inputs.input_ids, inputs.positions
+        step_inputs = _StepInputs(runner, inputs)
         wait_late = waits_for_late_rows(len(sched.scheduled))
         steps: list[torch.Tensor] = []
         previous: Callable[[], list[int]] | None = None  # the last step's ids, on their way
@@ -77,25 +77,14 @@ class DecodeSteps:
         lag: torch.Tensor | None = None  # steps each row sat out so far (None: none did)
         with times.phase("forward_launch"):
             for k in range(num_steps):
-                if k:  # advance every request by the token it just sampled, but late ones
-                    if moves is None:
-                        ids, positions, step = steps[-1], positions + 1, 1
-                    else:  # the same token at the same position again: its KV written again
-                        ids = torch.where(moves.bool(), steps[-1], ids)
-                        positions = positions + moves.to(positions.dtype)
-                        step = moves.to(meta.seq_lens.dtype)
-                    block = meta.block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-                    meta = AttentionMetadata(
-                        slot_mapping=block.long() * bs + positions % bs,
-                        block_tables=meta.block_tables, query_start_loc=meta.query_start_loc,
-                        seq_lens=meta.seq_lens + step, max_query_len=1,
-                        max_seq_len=meta.max_seq_len + 1, use_triton=meta.use_triton)
-                    inputs = dataclasses.replace(inputs, input_ids=ids, positions=positions,
-                                                 meta=meta)
+                # between the last sample and this forward pass only launches that must be
+                # there (the host is often just in time for the sample: see _StepInputs)
                 runner.timeline.mark("forward")
-                hidden, _ = runner._forward(inputs)
+                hidden = step_inputs.forward(k, None if k == 0 else steps[-1], moves)
                 logits = runner.model.compute_logits(hidden)
                 runner.timeline.mark("decode end")
+                if table is not None and k:  # each DFA row's state after its last sample
+                    mask_rows = dfa_advance(mask_rows, steps[-1], advance, eos=table.eos)
                 if table is not None and previous is not None:  # while the forward pass runs
                     with times.phase("device_rows_accept"):
                         grammar.accept(previous(), device=True)
@@ -106,10 +95,9 @@ class DecodeSteps:
                         host = runner.new_bitmask(grammar.num_rows)
                         late = grammar.fill(None if previous is None else previous(), host,
                                             give_up=None if done is None else done.query)
-                    with times.phase("mask_upload"):
-                        bitmask = runner._bitmasks.to_device(host)
-                    if table is not None:  # into the table, below its DFA rows
-                        table.rows[1:1 + grammar.num_rows] = bitmask
+                    with times.phase("mask_upload"):  # with a table: below its DFA rows
+                        bitmask = runner._bitmasks.to_device(
+                            host, None if table is None else table.rows[1:1 + grammar.num_rows])
                 if table is not None:
                     bitmask = table.rows
                 # a row's k-th sample of the call is seeded as its k-th token, late steps or not
@@ -117,8 +105,6 @@ class DecodeSteps:
                 runner.timeline.mark("sample")
                 steps.append(masked_sample(logits, bitmask, mask_rows, temperature, seed,
                                            vocab_size=runner.vocab_size))
-                if table is not None:
-                    mask_rows = dfa_advance(mask_rows, steps[-1], advance, eos=table.eos)
                 runner.timeline.mark("sample end")
                 if grammar is not None:  # queued before the next forward pass, not after it
                     previous = list_later(steps[-1])
@@ -166,3 +152,46 @@ class DecodeSteps:
             if state_row is not None:
                 out[b] = state_row
         return out
+
+
+class _StepInputs:
+    """A multi-step call's decode inputs, advanced in place from each step's samples by one
+    kernel (guided/kernels/decode_inputs.py): in the decode graph's own input buffers where a
+    graph runs the batch (the later steps replay it, nothing copied), else in copies of the
+    first step's. When the host fills masks until the forward pass ends, the device waits for
+    every launch between a step's sample and the next forward pass; built from torch ops and a
+    graph's input copies those were ~25 a step."""
+
+    def __init__(self, runner: ModelRunner, inputs: StepInputs):
+        self.runner, self.inputs = runner, inputs
+        meta, graphs = inputs.meta, runner.graphs
+        self.num_rows = inputs.input_ids.shape[0]
+        self.key = None if graphs is None else graphs.pick(meta, self.num_rows, has_drafts=False)
+        if self.key is not None and self.key[0] == "decode":
+            self.buffers = (graphs.input_ids, graphs.positions, graphs.seq_lens,
+                            graphs.slot_mapping, graphs.block_tables)
+        else:
+            self.key = None
+            self.buffers = (inputs.input_ids.clone(), inputs.positions.clone(),
+                            meta.seq_lens.clone(), meta.slot_mapping.clone(), meta.block_tables)
+
+    def forward(self, k: int, sampled: torch.Tensor | None, moves: torch.Tensor | None
+                ) -> torch.Tensor:
+        """Step k's hidden states: the call's first inputs at k = 0, then each row's sample
+        at its next position (moves: 0 for a row that sits the step out)."""
+        runner = self.runner
+        if k == 0:
+            return runner._forward(self.inputs)[0]
+        ids, positions, seq_lens, slots, tables = self.buffers
+        advance_decode_inputs_(ids, positions, seq_lens, slots, tables, sampled, moves,
+                               block_size=runner.block_size)
+        if self.key is not None:
+            runner.times.count("graph_decode")
+            return runner.graphs.replay(self.key, self.num_rows)
+        runner.times.count("eager")
+        meta, b = self.inputs.meta, self.num_rows
+        meta = AttentionMetadata(
+            slot_mapping=slots[:b], block_tables=tables, query_start_loc=meta.query_start_loc,
+            seq_lens=seq_lens[:b], max_query_len=1, max_seq_len=meta.max_seq_len + k,
+            use_triton=meta.use_triton)
+        return runner.model(ids[:b], positions[:b], runner.kv_caches, meta)

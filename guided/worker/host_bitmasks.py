@@ -113,11 +113,17 @@ class HostBitmasks:
                 return slot
         return None
 
-    def to_device(self, rows: torch.Tensor) -> torch.Tensor:
-        """Queue rows' copy to the device; the buffer they came from waits for it."""
-        if not self.pinned:
+    def to_device(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Queue rows' copy to the device (into out where given: one copy, not two); the buffer
+        they came from waits for it."""
+        if out is not None:
+            on_device = out.copy_(rows, non_blocking=self.pinned)
+        elif not self.pinned:
             return rows.to(self._device)
-        on_device = rows.to(self._device, non_blocking=True)
+        else:
+            on_device = rows.to(self._device, non_blocking=True)
+        if not self.pinned:
+            return on_device
         event = torch.cuda.Event()
         event.record()
         slot = self._slot_of(rows)

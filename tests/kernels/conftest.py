@@ -20,7 +20,7 @@ if INTERPRET:
     _saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     for _name in ("guided.kernels.bitmask", "guided.kernels.candidates", "guided.kernels.attention",
-                  "guided.kernels.dfa_advance"):
+                  "guided.kernels.dfa_advance", "guided.kernels.decode_inputs"):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
         else:
