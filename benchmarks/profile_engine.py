@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--min-parallel-rows", type=int, action="append", default=[],
                     help="also time runs with this batched-fill thread threshold")
     ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--profile-free", action="store_true",
+                    help="also profile the free run (same lengths), to set beside the other")
     ap.add_argument("--gpu-kernels", action="store_true",
                     help="also the device's time per step (torch.profiler), constrained and free")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -58,16 +60,17 @@ def main() -> None:
         defaults["min_parallel_rows"] = threshold
         show(f"min_parallel_rows {threshold}", run(engine, rows, args.max_tokens, False))
     defaults["min_parallel_rows"] = default_rows
-    profile = cProfile.Profile()
-    profile.enable()
-    result = run(engine, rows, args.max_tokens, False)
-    profile.disable()
-    show("constrained, profiled", result)
-    out = io.StringIO()
-    stats = pstats.Stats(profile, stream=out)
-    stats.sort_stats("tottime").print_stats(args.top)
-    stats.sort_stats("cumulative").print_stats("guided|xgrammar", args.top)
-    print(out.getvalue())
+    for free in (False, True) if args.profile_free else (False,):
+        profile = cProfile.Profile()
+        profile.enable()
+        result = run(engine, rows, constrained["lengths"] if free else args.max_tokens, free)
+        profile.disable()
+        show(f"{'free' if free else 'constrained'}, profiled", result)
+        out = io.StringIO()
+        stats = pstats.Stats(profile, stream=out)
+        stats.sort_stats("tottime").print_stats(args.top)
+        stats.sort_stats("cumulative").print_stats("guided|xgrammar", args.top)
+        print(out.getvalue())
     engine.shutdown()
 
 

@@ -55,6 +55,7 @@ class DecodeSteps:
                 torch.int64).to(dev, non_blocking=True)  # (S, B)
             temperature = list_tensor(inputs.rows.temperature, torch.float32).to(
                 dev, non_blocking=True)
+        with times.phase("prepare_grammar"):
             grammar = mask_rows = table = advance = None
             if inputs.num_mask_rows:
                 on_device = self._device_rows(sched, inputs.mask_rows)
@@ -119,10 +120,11 @@ class DecodeSteps:
             tokens = torch.stack(steps, dim=1).tolist()  # (B, S): the one device -> host copy
         if grammar is None:
             return RunnerOutput(tokens, [[None] * num_steps for _ in tokens])
-        for k in range(grammar.host_steps_accepted, num_steps):  # each step's, in order
-            grammar.accept([row[k] for row in tokens], device=False)
-        for k in range(grammar.device_steps_accepted, num_steps):
-            grammar.accept([row[k] for row in tokens], device=True)
+        with times.phase("accept_last"):
+            for k in range(grammar.host_steps_accepted, num_steps):  # each step's, in order
+                grammar.accept([row[k] for row in tokens], device=False)
+            for k in range(grammar.device_steps_accepted, num_steps):
+                grammar.accept([row[k] for row in tokens], device=True)
         for b in set().union(*late_at):  # a late row's samples at its late steps are dropped
             tokens[b] = [t for t, late in zip(tokens[b], late_at) if b not in late]
         return RunnerOutput(tokens, [[None] * len(row) for row in tokens],
