@@ -32,6 +32,7 @@ from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
 from guided.request_stream import RequestStream, deliver_all
 from guided.snapshots import History, copy_metrics, copy_output, snapshot
+from guided.stats_log import CompileCounts, StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class AsyncEngine:
         self._stats: EngineStats = engine.stats()
         self.compile_queries = 0
         self.compile_hits = 0  # grammar ready at submit time (the compiler's cache had it)
+        self.compiles_pending = 0  # requests awaiting their constraint's compile
+        config = getattr(engine, "config", None)
+        self._stats_log = StatsLogger(getattr(config, "log_stats_interval_s", 0.0))
         self._thread = threading.Thread(target=self._run, name="guided-engine", daemon=True)
         self._thread.start()
 
@@ -115,7 +119,12 @@ class AsyncEngine:
         self.compile_queries += 1
         if future.done():
             self.compile_hits += 1
-        return await asyncio.wrap_future(future)
+            return future.result()
+        self.compiles_pending += 1
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            self.compiles_pending -= 1
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           *, arrival_time: float | None = None) -> RequestStream:
@@ -339,6 +348,10 @@ class AsyncEngine:
     def _refresh_stats(self) -> None:
         try:
             self._stats = self.engine.stats()
+            self._stats_log.maybe_log(
+                self._stats, CompileCounts(self.compile_queries, self.compile_hits,
+                                           self.compiles_pending),
+                getattr(self.engine, "step_times", None))
         except Exception:
             logger.exception("engine.stats() failed")
 

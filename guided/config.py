@@ -126,6 +126,9 @@ class EngineConfig:
     # CUDA events at each forward pass and sampling, for the spans where the device waits on
     # the host (guided/worker/device_timeline.py; benchmarks only: a few events a step)
     device_timeline: bool = False
+    # the server logs what it is doing (requests, tokens a second, cache hits, step phases)
+    # this often while it has work (guided/stats_log.py); 0: never
+    log_stats_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
