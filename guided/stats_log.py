@@ -24,8 +24,10 @@ class CompileCounts:
 
 
 def stats_line(before: EngineStats, now: EngineStats, seconds: float,
-               compiles: CompileCounts, compiles_before: CompileCounts) -> str:
-    """One interval's summary (pure: the two snapshots and the seconds between them)."""
+               compiles: CompileCounts, compiles_before: CompileCounts,
+               thread_seconds: float | None = None) -> str:
+    """One interval's summary (pure: the two snapshots and the seconds between them;
+    thread_seconds: the CPU time the engine thread had in them)."""
     seconds = max(seconds, 1e-9)
     prompt = now.prompt_tokens_total - before.prompt_tokens_total
     generated = now.generation_tokens_total - before.generation_tokens_total
@@ -41,7 +43,10 @@ def stats_line(before: EngineStats, now: EngineStats, seconds: float,
             f"{generated / seconds:.1f} tok/s, {passes / seconds:.1f} forward passes/s, "
             f"jump-forward {forced / generated if generated else 0.0:.0%} of tokens | KV "
             f"{kv:.0%} in use, prefix cache {hit / queried if queried else 0.0:.0%} hit | "
-            f"grammar cache {found / asked if asked else 0.0:.0%} hit of {asked} asked")
+            f"grammar cache {found / asked if asked else 0.0:.0%} hit of {asked} asked"
+            + ("" if thread_seconds is None else
+               # well under 100% while it has work: it waits (on the device, or for the GIL)
+               f" | engine thread on a CPU {thread_seconds / seconds:.0%} of the time"))
 
 
 class StatsLogger:
@@ -53,6 +58,7 @@ class StatsLogger:
         self._last_time = clock()
         self._last: EngineStats | None = None
         self._last_compiles = CompileCounts()
+        self._last_thread_time = time.thread_time()  # of the thread that calls maybe_log
 
     def maybe_log(self, stats: EngineStats, compiles: CompileCounts,
                   step_times: StepTimes | None = None) -> bool:
@@ -60,8 +66,10 @@ class StatsLogger:
         if self.interval_s <= 0:
             return False
         now = self._clock()
+        thread_time = time.thread_time()
         if self._last is None:
             self._last, self._last_time, self._last_compiles = stats, now, compiles
+            self._last_thread_time = thread_time
             return False
         if now - self._last_time < self.interval_s:
             return False
@@ -69,10 +77,12 @@ class StatsLogger:
                 and stats.prompt_tokens_total == self._last.prompt_tokens_total)
         if not idle:
             logger.info("%s", stats_line(self._last, stats, now - self._last_time, compiles,
-                                         self._last_compiles))
+                                         self._last_compiles,
+                                         thread_time - self._last_thread_time))
             if step_times is not None:
                 logger.info("step phases: %s", step_times.summary())
         if step_times is not None:
             step_times.reset()
         self._last, self._last_time, self._last_compiles = stats, now, compiles
+        self._last_thread_time = thread_time
         return not idle

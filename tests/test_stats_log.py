@@ -17,7 +17,8 @@ def test_stats_line_reports_rates_over_the_interval():
                       prompt_tokens_total=3000, generation_tokens_total=1500,
                       forward_passes_total=110, jump_forward_tokens_total=250,
                       prefix_cache_queries_total=3000, prefix_cache_hit_tokens_total=1500)
-    line = stats_line(before, now, 2.0, CompileCounts(10, 6, 2), CompileCounts(2, 2, 0))
+    line = stats_line(before, now, 2.0, CompileCounts(10, 6, 2), CompileCounts(2, 2, 0), 1.5)
+    assert line.endswith("engine thread on a CPU 75% of the time")
     assert "running 7, waiting 3, compiling 2" in line
     assert "prompt 1000.0 tok/s, generation 500.0 tok/s, 50.0 forward passes/s" in line
     assert "jump-forward 25% of tokens" in line
