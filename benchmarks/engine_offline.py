@@ -25,26 +25,8 @@ from common import add_offline_args
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine import Engine
+from guided.heap import GcTimer
 from guided.step_times import StepTimes
-
-
-class GcTimer:
-    """Python's cyclic collections during a run: how many, and the loop's time in them (a full
-    collection walks every live object, milliseconds with a loaded engine)."""
-
-    def __init__(self):
-        self.count, self.seconds, self._start = 0, 0.0, 0.0
-        gc.callbacks.append(self._note)
-
-    def _note(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._start
-
-    def reset(self) -> None:
-        self.count, self.seconds = 0, 0.0
 
 
 GC = GcTimer()

@@ -187,6 +187,7 @@ class AsyncEngine:
             self._reject_pending(OverloadedError("the engine thread is not running"))
             return
         self._stopped = True
+        self._stats_log.close()
         self._reject_pending(OverloadedError("the engine is shutting down"))
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:

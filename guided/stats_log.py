@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from guided.heap import GcTimer
 from guided.outputs import EngineStats
 from guided.step_times import StepTimes
 
@@ -59,6 +60,7 @@ class StatsLogger:
         self._last: EngineStats | None = None
         self._last_compiles = CompileCounts()
         self._last_thread_time = time.thread_time()  # of the thread that calls maybe_log
+        self._gc = GcTimer() if interval_s > 0 else None
 
     def maybe_log(self, stats: EngineStats, compiles: CompileCounts,
                   step_times: StepTimes | None = None) -> bool:
@@ -81,8 +83,17 @@ class StatsLogger:
                                          thread_time - self._last_thread_time))
             if step_times is not None:
                 logger.info("step phases: %s", step_times.summary())
+            if self._gc is not None and self._gc.count:
+                logger.info("python gc: %d collections (%d full), %.1f ms", self._gc.count,
+                            self._gc.full, self._gc.seconds * 1e3)
+        if self._gc is not None:
+            self._gc.reset()
         if step_times is not None:
             step_times.reset()
         self._last, self._last_time, self._last_compiles = stats, now, compiles
         self._last_thread_time = thread_time
         return not idle
+
+    def close(self) -> None:
+        if self._gc is not None:
+            self._gc.close()

@@ -45,3 +45,18 @@ def test_logger_waits_an_interval_and_skips_idle_ones(caplog):
         clock[0] = 30.0
         assert not stats_log.maybe_log(busy, CompileCounts(), times)  # nothing happened
     assert StatsLogger(0.0).maybe_log(busy, CompileCounts()) is False
+    stats_log.close()
+
+
+def test_gc_collections_are_logged(caplog):
+    import gc
+
+    clock = [0.0]
+    stats_log = StatsLogger(1.0, clock=lambda: clock[0])
+    stats_log.maybe_log(EngineStats(), CompileCounts())
+    gc.collect()
+    clock[0] = 2.0
+    with caplog.at_level(logging.INFO, logger="guided.stats"):
+        stats_log.maybe_log(EngineStats(generation_tokens_total=1), CompileCounts())
+    stats_log.close()
+    assert "python gc: 1 collections (1 full)" in caplog.text
