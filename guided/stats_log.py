@@ -6,6 +6,8 @@ slow interval's time went (a step loop held up by compiles, mask fills or the de
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -50,6 +52,40 @@ def stats_line(before: EngineStats, now: EngineStats, seconds: float,
                f" | engine thread on a CPU {thread_seconds / seconds:.0%} of the time"))
 
 
+def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """CPU seconds each thread of this process has had (Linux: /proc/self/task; elsewhere
+    empty), by native thread id, with its name: Python's where it is a Python thread, the
+    kernel's otherwise (torch's, the tokenizer's)."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        comm_end = stat.rindex(")")
+        fields = stat[comm_end + 2:].split()
+        name = names.get(int(tid)) or stat[stat.index("(") + 1:comm_end]
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+    return out
+
+
+def busiest_threads(before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]],
+                    seconds: float, top: int = 6) -> str:
+    """The threads that had the most CPU between two thread_cpu_seconds(), as shares of the
+    interval (pure)."""
+    used = sorted(((cpu - before.get(tid, (name, 0.0))[1], name)
+                   for tid, (name, cpu) in now.items()), reverse=True)
+    return ", ".join(f"{name} {cpu / max(seconds, 1e-9):.0%}" for cpu, name in used[:top]
+                     if cpu > 0)
+
+
 class StatsLogger:
     """Logs stats_line (and the step phases) every interval_s seconds of an engine thread."""
 
@@ -61,6 +97,7 @@ class StatsLogger:
         self._last_compiles = CompileCounts()
         self._last_thread_time = time.thread_time()  # of the thread that calls maybe_log
         self._gc = GcTimer() if interval_s > 0 else None
+        self._threads = thread_cpu_seconds() if interval_s > 0 else {}
 
     def maybe_log(self, stats: EngineStats, compiles: CompileCounts,
                   step_times: StepTimes | None = None) -> bool:
@@ -86,6 +123,13 @@ class StatsLogger:
             if self._gc is not None and self._gc.count:
                 logger.info("python gc: %d collections (%d full), %.1f ms", self._gc.count,
                             self._gc.full, self._gc.seconds * 1e3)
+            threads = thread_cpu_seconds()
+            busiest = busiest_threads(self._threads, threads, now - self._last_time)
+            if busiest:  # which threads the engine thread shares the GIL and the cores with
+                logger.info("busiest threads: %s", busiest)
+            self._threads = threads
+        else:
+            self._threads = thread_cpu_seconds()
         if self._gc is not None:
             self._gc.reset()
         if step_times is not None:

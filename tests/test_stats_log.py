@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from guided.outputs import EngineStats
-from guided.stats_log import CompileCounts, StatsLogger, stats_line
+from guided.stats_log import (CompileCounts, StatsLogger, busiest_threads, stats_line,
+                              thread_cpu_seconds)
 from guided.step_times import StepTimes
 
 
@@ -60,3 +61,21 @@ def test_gc_collections_are_logged(caplog):
         stats_log.maybe_log(EngineStats(generation_tokens_total=1), CompileCounts())
     stats_log.close()
     assert "python gc: 1 collections (1 full)" in caplog.text
+
+
+def test_busiest_threads_ranks_the_interval_cpu():
+    before = {1: ("engine", 1.0), 2: ("compile", 0.5)}
+    now = {1: ("engine", 1.5), 2: ("compile", 2.5), 3: ("new", 0.25)}
+    assert busiest_threads(before, now, 2.0, top=2) == "compile 100%, engine 25%"
+
+
+def test_thread_cpu_seconds_names_this_thread():
+    import sys
+    import threading
+
+    threads = thread_cpu_seconds()
+    if not sys.platform.startswith("linux"):
+        assert threads == {}
+        return
+    name, cpu = threads[threading.get_native_id()]
+    assert name == threading.current_thread().name and cpu >= 0
