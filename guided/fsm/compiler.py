@@ -82,7 +82,8 @@ class GrammarCompiler:
         # for (each is seconds of a core's time, which the step loop needs more while cold)
         self._upgrades = WatchdogPool(
             num_workers=1, timeout_s=config.compile_timeout_s,
-            nice=min(19, config.compile_nice + 5)) if config.dfa_masks else None
+            nice=min(19, config.compile_nice + 5),
+            name="grammar-dfa-upgrade") if config.dfa_masks else None
         # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
         # tables are made by worker processes (fsm/table_worker.py), started on first use
         self._wants_tables = config.dfa_masks and config.device_dfa and (
@@ -275,8 +276,10 @@ class WatchdogPool:
     an abandoned worker rejoins the pool when its compile ends if the pool is short, else exits.
     """
 
-    def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0):
+    def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
+                 name: str = "grammar-compile"):
         self.num_workers = max(1, num_workers)
+        self.name = name  # its threads' (the server's stats log names the busiest)
         self.timeout_s = timeout_s
         self.nice = nice
         self._cond = threading.Condition()
@@ -322,7 +325,7 @@ class WatchdogPool:
     def _spawn(self) -> None:  # caller holds the lock (or is __init__)
         self._live += 1
         worker_id = next(self._ids)
-        threading.Thread(target=self._work, args=(worker_id,), name=f"grammar-compile-{worker_id}",
+        threading.Thread(target=self._work, args=(worker_id,), name=f"{self.name}-{worker_id}",
                          daemon=True).start()
 
     def _work(self, worker_id: int) -> None:
