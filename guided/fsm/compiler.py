@@ -28,7 +28,7 @@ from typing import Any
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.matcher import Matcher
-from guided.fsm.regex_size import regex_size
+from guided.fsm.schema_worker import analyse
 from guided.fsm.vocab import TokenVocab
 from guided.params import ConstraintSpec
 
@@ -89,6 +89,11 @@ class GrammarCompiler:
         self._wants_tables = config.dfa_masks and config.device_dfa and (
             config.num_scheduler_steps > 1)
         self._table_workers = None
+        self._schema_workers = None
+        if config.schema_processes:
+            from guided.fsm.schema_worker import SchemaWorkers
+
+            self._schema_workers = SchemaWorkers(config.schema_processes)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:
@@ -121,6 +126,8 @@ class GrammarCompiler:
             self._upgrades.shutdown()
         if self._table_workers is not None:
             self._table_workers.shutdown()
+        if self._schema_workers is not None:
+            self._schema_workers.shutdown()
 
     @property
     def xgrammar_tokenizer_info(self):
@@ -146,7 +153,6 @@ class GrammarCompiler:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
         from guided.fsm.backends.outlines_backend import OutlinesMatcher
         from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, has_long_repetition
-        from guided.fsm.schema_check import check_schema
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
@@ -164,10 +170,13 @@ class GrammarCompiler:
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))
         upgrade = None
-        if spec.kind == "json_schema":
-            schema = check_schema(json.loads(spec.value))  # a refusal raises ConstraintError
-            regex = self._regex(schema) if self.config.dfa_masks else None
-            if regex is not None and regex_size(regex) <= self.config.dfa_max_wait_size:
+        if spec.kind == "json_schema":  # a refusal raises ConstraintError
+            want_regex = self.config.dfa_masks
+            analysed = (analyse(spec.value, want_regex=want_regex)
+                        if self._schema_workers is None
+                        else self._schema_workers.analyse(spec.value, want_regex=want_regex))
+            schema, regex = analysed.schema, analysed.regex
+            if regex is not None and analysed.size <= self.config.dfa_max_wait_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa
@@ -208,20 +217,6 @@ class GrammarCompiler:
         vocab = self.vocab
         return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                lambda: DfaMatcher(dfa, vocab))
-
-    @staticmethod
-    def _regex(schema: dict) -> str | None:
-        """The checked schema's exact regex, or None where its language is not regular (or
-        not written exactly that way): xgrammar compiles it then."""
-        from guided.fsm.schema_regex import NotRegular, schema_regex
-
-        try:
-            return schema_regex(schema)
-        except NotRegular as e:
-            log.debug("json schema on xgrammar: %s", e)
-        except Exception as e:  # noqa: BLE001 - a bug here costs the DFA, not the request
-            log.warning("json schema on xgrammar: its regex failed: %r", e)
-        return None
 
     def _dfa(self, regex: str):
         """The regex's token-level DFA, or None where outlines-core fails on it."""

@@ -25,21 +25,21 @@ from guided.fsm.dfa_tables import DfaTables, index_tables
 _HEADER = struct.Struct("<Q")
 
 
-def _send(stream: BinaryIO, obj) -> None:
+def send_message(stream: BinaryIO, obj) -> None:
     data = pickle.dumps(obj, protocol=5)
     stream.write(_HEADER.pack(len(data)))
     stream.write(data)
     stream.flush()
 
 
-def _receive(stream: BinaryIO):
+def receive_message(stream: BinaryIO):
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
-        raise EOFError("the table worker closed its pipe")
+        raise EOFError("the worker closed its pipe")
     (size,) = _HEADER.unpack(header)
     data = stream.read(size)
     if len(data) < size:
-        raise EOFError("the table worker closed its pipe")
+        raise EOFError("the worker closed its pipe")
     return pickle.loads(data)
 
 
@@ -71,8 +71,8 @@ class TableWorkers:
         try:
             if worker is None or worker.poll() is not None:
                 worker = self._start()
-            _send(worker.stdin, (regex, max_bytes))
-            ok, result = _receive(worker.stdout)
+            send_message(worker.stdin, (regex, max_bytes))
+            ok, result = receive_message(worker.stdout)
         except (OSError, EOFError) as e:
             self._stop(worker)
             worker = None
@@ -98,7 +98,7 @@ class TableWorkers:
             worker = subprocess.Popen([sys.executable, "-m", "guided.fsm.table_worker"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._all.append(worker)
-        _send(worker.stdin, self._vocab)
+        send_message(worker.stdin, self._vocab)
         return worker
 
     def _stop(self, worker: subprocess.Popen | None) -> None:
@@ -120,13 +120,13 @@ def main() -> None:
     sys.stdout = sys.stderr  # nothing but answers on the pipe
     os.nice(10)  # never ahead of the engine's step loop for a core
     try:
-        eos, token_map, num_words = _receive(stdin)
+        eos, token_map, num_words = receive_message(stdin)
     except EOFError:
         return
     vocabulary = oc.Vocabulary(eos, token_map)
     while True:
         try:
-            regex, max_bytes = _receive(stdin)
+            regex, max_bytes = receive_message(stdin)
         except EOFError:
             return
         try:
@@ -134,7 +134,7 @@ def main() -> None:
             answer = (True, index_tables(index, num_words, eos, max_bytes))
         except Exception as e:  # noqa: BLE001 - reported to the asker, the worker lives on
             answer = (False, repr(e))
-        _send(stdout, answer)
+        send_message(stdout, answer)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+"""Worker processes that check JSON schemas and write their regexes (fsm/schema_check.py,
+fsm/schema_regex.py, fsm/regex_size.py): the Python stages of a schema's compile, the only ones
+that hold the GIL (outlines-core's index and xgrammar's compile run without it;
+benchmarks/bench_compile_gil.py --stages). In the engine's process they took ~7 ms of GIL a
+schema, in holds of milliseconds, from a step loop that needs it every few microseconds while
+a cold server compiles dozens of schemas a second; here the compile thread that asks waits on
+a pipe, without the GIL.
+
+A worker is `python -m guided.fsm.schema_worker` (as fsm/table_worker.py's: a plain
+subprocess), sent schemas as length-prefixed pickles on stdin, answering on stdout. Workers
+start on first use; one that fails is replaced, and its schema is analysed in the asking
+thread instead.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from guided.errors import ConstraintError
+from guided.fsm.table_worker import receive_message, send_message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaAnalysis:
+    schema: dict  # as check_schema rewrote it
+    regex: str | None  # its exact regex; None: not regular (or not asked for)
+    size: float  # regex_size(regex) (0 without a regex)
+
+
+def analyse(value: str, *, want_regex: bool) -> SchemaAnalysis:
+    """The schema (JSON text) checked, and its regex and the regex's size where want_regex.
+    Raises ConstraintError for a schema the engine refuses."""
+    import json
+
+    from guided.fsm.regex_size import regex_size
+    from guided.fsm.schema_check import check_schema
+    from guided.fsm.schema_regex import NotRegular, schema_regex
+
+    schema = check_schema(json.loads(value))
+    regex = None
+    if want_regex:
+        try:
+            regex = schema_regex(schema)
+        except NotRegular as e:
+            log.debug("json schema on xgrammar: %s", e)
+        except Exception as e:  # noqa: BLE001 - a bug here costs the DFA, not the request
+            log.warning("json schema on xgrammar: its regex failed: %r", e)
+    return SchemaAnalysis(schema, regex, regex_size(regex) if regex is not None else 0.0)
+
+
+class SchemaWorkers:
+    def __init__(self, num_workers: int):
+        self._idle: queue.Queue[subprocess.Popen | None] = queue.Queue()
+        for _ in range(max(1, num_workers)):
+            self._idle.put(None)  # started when first taken
+        self._lock = threading.Lock()
+        self._all: list[subprocess.Popen] = []
+        self._closed = False
+
+    def analyse(self, value: str, *, want_regex: bool) -> SchemaAnalysis:
+        """analyse() on an idle worker (waits for one); in this thread if the worker fails."""
+        worker = self._idle.get()
+        try:
+            if worker is None or worker.poll() is not None:
+                worker = self._start()
+            send_message(worker.stdin, (value, want_regex))
+            kind, result = receive_message(worker.stdout)
+        except (OSError, EOFError, RuntimeError) as e:
+            self._stop(worker)
+            worker = None
+            log.warning("a schema worker failed (%s): checking the schema in-process", e)
+            return analyse(value, want_regex=want_regex)
+        finally:
+            self._idle.put(worker)
+        if kind == "ok":
+            return result
+        if kind == "refused":
+            raise ConstraintError(result)
+        raise RuntimeError(f"checking the schema failed: {result}")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all = self._all, []
+        for worker in workers:
+            self._stop(worker)
+
+    def _start(self) -> subprocess.Popen:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the schema workers are shut down")
+            worker = subprocess.Popen([sys.executable, "-m", "guided.fsm.schema_worker"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._all.append(worker)
+        return worker
+
+    @staticmethod
+    def _stop(worker: subprocess.Popen | None) -> None:
+        if worker is None:
+            return
+        try:
+            worker.stdin.close()
+            worker.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - already gone, or stuck: killed
+            worker.kill()
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but answers on the pipe
+    while True:
+        try:
+            value, want_regex = receive_message(stdin)
+        except EOFError:
+            return
+        try:
+            answer = ("ok", analyse(value, want_regex=want_regex))
+        except ConstraintError as e:
+            answer = ("refused", str(e))
+        except Exception as e:  # noqa: BLE001 - reported to the asker, the worker lives on
+            answer = ("failed", repr(e))
+        send_message(stdout, answer)
+
+
+if __name__ == "__main__":  # run as the module's own name: its answers unpickle in the engine
+    from guided.fsm.schema_worker import main as worker_main
+
+    worker_main()
