@@ -58,8 +58,10 @@ class EngineConfig:
     # preempts the step loop or the mask threads (a preempted mask thread stalls a whole step)
     compile_nice: int = 10
     # JSON schemas are checked and their regexes written (the compile's Python, which holds the
-    # GIL) in this many worker processes (fsm/schema_worker.py); 0: on the compile threads
-    schema_processes: int = 0
+    # GIL) in this many worker processes (fsm/schema_worker.py); 0: on the compile threads;
+    # None: 4 where the model runs on a GPU on a host of 8 or more CPUs
+    # (policy.default_schema_processes), else 0
+    schema_processes: int | None = None
     compile_timeout_s: float = 30.0
     grammar_cache_size: int = 512
     # JSON schemas whose language is regular compile to a token-level DFA (outlines-core)
@@ -155,7 +157,8 @@ class EngineConfig:
              "device must be auto, cpu or cuda[:N]", "device")
         need(self.max_whitespace >= 0, "max_whitespace must be >= 0", "max_whitespace")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
-        need(self.schema_processes >= 0, "schema_processes must be >= 0", "schema_processes")
+        need(self.schema_processes is None or self.schema_processes >= 0,
+             "schema_processes must be >= 0 (or None)", "schema_processes")
         need(self.dfa_max_wait_size >= 0, "dfa_max_wait_size must be >= 0", "dfa_max_wait_size")
         need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,
              "device_dfa_max_rows and device_dfa_max_exceptions must be >= 1", "device_dfa")

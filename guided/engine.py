@@ -52,6 +52,8 @@ class Engine:
             overlapped=self.overlap, on_gpu=on_gpu, num_cpus=NUM_CPUS,
             num_params=model_config.num_params)
         self.mask_processes = shards if config.mask_processes is None else config.mask_processes
+        self.schema_processes = (policy.default_schema_processes(on_gpu=on_gpu, num_cpus=NUM_CPUS)
+                                 if config.schema_processes is None else config.schema_processes)
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times, shared_masks=self.mask_processes > 0)
         del state
@@ -103,7 +105,8 @@ class Engine:
             from guided.fsm.compiler import GrammarCompiler
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
-                                             config=self.config)
+                                             config=self.config,
+                                             schema_processes=self.schema_processes)
             if self.mask_processes:
                 vocab = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
                 drafting = None if self._encoder.backend_json is None else (
@@ -148,19 +151,16 @@ class Engine:
             seed=params.seed if params.seed is not None else self._rng.getrandbits(63),
             eos_token_ids=() if params.ignore_eos else self.eos_token_ids, max_tokens=max_tokens)
         request.metrics.arrival_time = arrival_time or time.time()
-        if params.logprobs is not None:
-            request.logprobs = []
+        request.logprobs = [] if params.logprobs is not None else None
         self.requests[request_id] = request
         self.stats_totals.prompt_tokens_total += len(prompt_ids)
         if max_tokens <= 0:
-            self._finish(request, "length")
-            return
+            return self._finish(request, "length")
         if spec is not None:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
             request.grammar_future = self.compiler.submit(spec)
         self.scheduler.add(request)
-        log.debug("request %s: %d prompt tokens, constraint %s", request_id, len(prompt_ids),
-                  spec.kind if spec else None)
+        log.debug("added %s: %d prompt tokens, %s", request_id, len(prompt_ids), spec and spec.kind)
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)

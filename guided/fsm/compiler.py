@@ -61,7 +61,10 @@ class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
-                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
+                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None,
+                 schema_processes: int | None = None):
+        """schema_processes: overrides config.schema_processes (None there: 0 here; the
+        engine resolves it, policy.default_schema_processes)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
@@ -90,10 +93,12 @@ class GrammarCompiler:
             config.num_scheduler_steps > 1)
         self._table_workers = None
         self._schema_workers = None
-        if config.schema_processes:
+        if schema_processes is None:
+            schema_processes = config.schema_processes or 0
+        if schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
 
-            self._schema_workers = SchemaWorkers(config.schema_processes)
+            self._schema_workers = SchemaWorkers(schema_processes)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:

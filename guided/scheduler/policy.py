@@ -171,3 +171,11 @@ def default_mask_processes(*, overlapped: bool, on_gpu: bool, num_cpus: int,
     8 shards, 0.61-0.66 without in the same calls), the random 8B at 256 lost (0.74 against
     0.89), its fills cheap already with lazy masks (benchmarks/RESULTS.md, session 13)."""
     return 4 if overlapped and on_gpu and num_cpus >= 8 and num_params < 1_000_000_000 else 0
+
+
+def default_schema_processes(*, on_gpu: bool, num_cpus: int) -> int:
+    """Schema worker processes when the config leaves it open (fsm/schema_worker.py): where a
+    step loop on a GPU shares the GIL with a cold server's compiles, on a host with cores to
+    spare. Measured on an H200 host of 16 CPUs, the default model cold at 64 (RESULTS, session
+    28): with 4, TPOT p50 9.0-9.1 ms and 3844.8-4277.6 tok/s, without 11.7 ms and 3685.3."""
+    return 4 if on_gpu and num_cpus >= 8 else 0

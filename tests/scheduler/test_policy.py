@@ -123,3 +123,10 @@ def test_mask_shards_by_default_only_for_small_models_overlapped_on_a_gpu_of_a_r
     assert shards(num_params=8_000_000_000) == 0
     assert shards(overlapped=False) == 0
     assert shards(on_gpu=False) == 0  # overlapped steps on the CPU (tests) fill in-process
+
+
+def test_schema_workers_by_default_only_on_a_gpu_of_a_roomy_host():
+    assert policy.default_schema_processes(on_gpu=True, num_cpus=16) == 4
+    assert policy.default_schema_processes(on_gpu=True, num_cpus=8) == 4
+    assert policy.default_schema_processes(on_gpu=True, num_cpus=7) == 0
+    assert policy.default_schema_processes(on_gpu=False, num_cpus=64) == 0  # CPU: in-thread
