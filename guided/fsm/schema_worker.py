@@ -6,22 +6,17 @@ schema, in holds of milliseconds, from a step loop that needs it every few micro
 a cold server compiles dozens of schemas a second; here the compile thread that asks waits on
 a pipe, without the GIL.
 
-A worker is `python -m guided.fsm.schema_worker` (as fsm/table_worker.py's: a plain
-subprocess), sent schemas as length-prefixed pickles on stdin, answering on stdout. Workers
-start on first use; one that fails is replaced, and its schema is analysed in the asking
-thread instead.
+A worker is `python -m guided.fsm.schema_worker` (fsm/pipe_workers.py), sent schemas; one
+that fails is replaced, and its schema is analysed in the asking thread instead.
 """
 from __future__ import annotations
 
 import logging
-import queue
-import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 
 from guided.errors import ConstraintError
-from guided.fsm.table_worker import receive_message, send_message
+from guided.fsm.pipe_workers import PipeWorkers, receive_message, send_message
 
 log = logging.getLogger(__name__)
 
@@ -54,61 +49,22 @@ def analyse(value: str, *, want_regex: bool) -> SchemaAnalysis:
     return SchemaAnalysis(schema, regex, regex_size(regex) if regex is not None else 0.0)
 
 
-class SchemaWorkers:
+class SchemaWorkers(PipeWorkers):
     def __init__(self, num_workers: int):
-        self._idle: queue.Queue[subprocess.Popen | None] = queue.Queue()
-        for _ in range(max(1, num_workers)):
-            self._idle.put(None)  # started when first taken
-        self._lock = threading.Lock()
-        self._all: list[subprocess.Popen] = []
-        self._closed = False
+        super().__init__("guided.fsm.schema_worker", num_workers)
 
     def analyse(self, value: str, *, want_regex: bool) -> SchemaAnalysis:
         """analyse() on an idle worker (waits for one); in this thread if the worker fails."""
-        worker = self._idle.get()
         try:
-            if worker is None or worker.poll() is not None:
-                worker = self._start()
-            send_message(worker.stdin, (value, want_regex))
-            kind, result = receive_message(worker.stdout)
+            kind, result = self.ask((value, want_regex))
         except (OSError, EOFError, RuntimeError) as e:
-            self._stop(worker)
-            worker = None
             log.warning("a schema worker failed (%s): checking the schema in-process", e)
             return analyse(value, want_regex=want_regex)
-        finally:
-            self._idle.put(worker)
         if kind == "ok":
             return result
         if kind == "refused":
             raise ConstraintError(result)
         raise RuntimeError(f"checking the schema failed: {result}")
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self._closed = True
-            workers, self._all = self._all, []
-        for worker in workers:
-            self._stop(worker)
-
-    def _start(self) -> subprocess.Popen:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the schema workers are shut down")
-            worker = subprocess.Popen([sys.executable, "-m", "guided.fsm.schema_worker"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self._all.append(worker)
-        return worker
-
-    @staticmethod
-    def _stop(worker: subprocess.Popen | None) -> None:
-        if worker is None:
-            return
-        try:
-            worker.stdin.close()
-            worker.wait(timeout=2)
-        except Exception:  # noqa: BLE001 - already gone, or stuck: killed
-            worker.kill()
 
 
 def main() -> None:
