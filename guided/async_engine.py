@@ -186,8 +186,9 @@ class AsyncEngine:
             self._flush()
             self._reject_pending(OverloadedError("the engine thread is not running"))
             return
+        finally:
+            self._stats_log.close()
         self._stopped = True
-        self._stats_log.close()
         self._reject_pending(OverloadedError("the engine is shutting down"))
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:
