@@ -112,6 +112,7 @@ class StatsLogger:
             return False
         if now - self._last_time < self.interval_s:
             return False
+        threads = thread_cpu_seconds()
         idle = (stats.generation_tokens_total == self._last.generation_tokens_total
                 and stats.prompt_tokens_total == self._last.prompt_tokens_total)
         if not idle:
@@ -123,19 +124,15 @@ class StatsLogger:
             if self._gc is not None and self._gc.count:
                 logger.info("python gc: %d collections (%d full), %.1f ms", self._gc.count,
                             self._gc.full, self._gc.seconds * 1e3)
-            threads = thread_cpu_seconds()
             busiest = busiest_threads(self._threads, threads, now - self._last_time)
             if busiest:  # which threads the engine thread shares the GIL and the cores with
                 logger.info("busiest threads: %s", busiest)
-            self._threads = threads
-        else:
-            self._threads = thread_cpu_seconds()
         if self._gc is not None:
             self._gc.reset()
         if step_times is not None:
             step_times.reset()
         self._last, self._last_time, self._last_compiles = stats, now, compiles
-        self._last_thread_time = thread_time
+        self._last_thread_time, self._threads = thread_time, threads
         return not idle
 
     def close(self) -> None:

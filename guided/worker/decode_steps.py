@@ -20,10 +20,10 @@ import torch
 
 from guided.fsm.decode_masks import DecodeStepMasks
 from guided.kernels.bitmask import masked_sample
+from guided.kernels.decode_inputs import advance_decode_inputs_
 from guided.kernels.dfa_advance import dfa_advance
 from guided.scheduler.policy import waits_for_late_rows
 from guided.scheduler.scheduler import SchedulerOutput
-from guided.kernels.decode_inputs import advance_decode_inputs_
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.device_dfa import DeviceDfa
 from guided.worker.host_lists import list_later, list_tensor
@@ -48,7 +48,7 @@ class DecodeSteps:
         times = runner.times
         with times.phase("prepare"):
             inputs = runner.prepare(sched, [item.masked for item in sched.scheduled])
-            dev, bs = runner.device, runner.block_size
+            dev = runner.device
             seeds = list_tensor(
                 [[position_seed(item.request.seed, len(item.request.output_token_ids) + k)
                   for item in sched.scheduled] for k in range(num_steps)],

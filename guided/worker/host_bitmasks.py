@@ -116,12 +116,8 @@ class HostBitmasks:
     def to_device(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Queue rows' copy to the device (into out where given: one copy, not two); the buffer
         they came from waits for it."""
-        if out is not None:
-            on_device = out.copy_(rows, non_blocking=self.pinned)
-        elif not self.pinned:
-            return rows.to(self._device)
-        else:
-            on_device = rows.to(self._device, non_blocking=True)
+        on_device = (rows.to(self._device, non_blocking=self.pinned) if out is None
+                     else out.copy_(rows, non_blocking=self.pinned))
         if not self.pinned:
             return on_device
         event = torch.cuda.Event()
