@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_suite.sh default     # the default model (needs GUIDED_DEFAULT_GGUF)
 #   bash benchmarks/gpu_suite.sh paired      # constrained / free, overlapped vs synchronous (MODEL=...)
 #   bash benchmarks/gpu_suite.sh status-ratio  # issue 6's checks, one call each (MODEL=...):
+#   bash benchmarks/gpu_suite.sh profile-serve # status-serve's serving run under py-spy (a wheel in
+#                                            # .whl/), 4 s windows: benchmarks/thread_states.py
 #   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
 #   bash benchmarks/gpu_suite.sh multistep   # constrained / free with 8 decode steps a call (MODEL=...)
 #   bash benchmarks/gpu_suite.sh dfa C       # constrained / free at concurrency C with the token-level
@@ -112,5 +114,28 @@ status-serve)
   python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests \
     ${BASELINE_N:-512} --batch-size 64 --max-tokens 256 --modes constrained --label "$M" \
     2>>"$out/baseline.err" | tee "$out/baseline.md"
+  ;;
+profile-serve)
+  # status-serve's cold and warm passes with the stats log every 2 s, the server sampled by
+  # py-spy in windows of 4 s with native frames (every thread: running, GIL, device, waits)
+  # and of 2 s with --gil (who holds it); the stats log's times say which window was cold
+  rm -f /tmp/guided-serve-*.log
+  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2" \
+    --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
+    --label "$M constrained" &
+  bench=$!
+  until pid=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$pid" ] &&
+        grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
+  for i in 1 2 3 4 5 6 7 8; do
+    kill -0 "$bench" 2>/dev/null || break
+    echo "window $i: $(date +%T.%N)" | tee -a "$out/windows.txt"
+    py-spy record --pid "$pid" --threads --idle --native -r ${RATE:-20} -d 4 -f raw \
+      -o "$out/native$i.txt" >>"$out/pyspy.err" 2>&1
+    py-spy record --pid "$pid" --threads --gil --nonblocking -r 100 -d 2 -f raw \
+      -o "$out/gil$i.txt" >>"$out/pyspy.err" 2>&1
+  done
+  wait "$bench"
+  cp /tmp/guided-serve-*.log "$out/" 2>/dev/null
+  python benchmarks/thread_states.py "$out"/native*.txt "$out"/gil*.txt > "$out/thread_states.md"
   ;;
 esac

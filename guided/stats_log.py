@@ -76,6 +76,34 @@ def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
     return out
 
 
+def run_delay_seconds() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a core (Linux schedstat;
+    None elsewhere): time off the CPU that is not a wait of its own (nor one for the GIL)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def throttled_seconds() -> float | None:
+    """Seconds this process's cgroup has been held off every core by its CPU quota (cgroup v2
+    or v1 cpu.stat; None where there is none): a quota spent by the compile threads stops the
+    step loop too, whatever their niceness."""
+    for path, key, scale in (("/sys/fs/cgroup/cpu.stat", "throttled_usec", 1e6),
+                             ("/sys/fs/cgroup/cpu/cpu.stat", "throttled_time", 1e9),
+                             ("/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "throttled_time", 1e9)):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value) / scale
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def busiest_threads(before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]],
                     seconds: float, top: int = 6) -> str:
     """The threads that had the most CPU between two thread_cpu_seconds(), as shares of the
@@ -84,6 +112,20 @@ def busiest_threads(before: dict[int, tuple[str, float]], now: dict[int, tuple[s
                    for tid, (name, cpu) in now.items()), reverse=True)
     return ", ".join(f"{name} {cpu / max(seconds, 1e-9):.0%}" for cpu, name in used[:top]
                      if cpu > 0)
+
+
+def cpu_waits(run_delay_before: float | None, run_delay: float | None,
+              throttled_before: float | None, throttled: float | None, seconds: float) -> str:
+    """The engine thread's wait for a core and the cgroup's throttled time, as shares of the
+    interval (pure; what is unknown is left out)."""
+    seconds = max(seconds, 1e-9)
+    parts = []
+    if run_delay_before is not None and run_delay is not None:
+        parts.append(f"engine thread runnable without a core "
+                     f"{(run_delay - run_delay_before) / seconds:.0%}")
+    if throttled_before is not None and throttled is not None:
+        parts.append(f"cgroup throttled {(throttled - throttled_before) / seconds:.0%}")
+    return ", ".join(parts)
 
 
 class StatsLogger:
@@ -98,6 +140,8 @@ class StatsLogger:
         self._last_thread_time = time.thread_time()  # of the thread that calls maybe_log
         self._gc = GcTimer() if interval_s > 0 else None
         self._threads = thread_cpu_seconds() if interval_s > 0 else {}
+        self._run_delay = run_delay_seconds()
+        self._throttled = throttled_seconds()
 
     def maybe_log(self, stats: EngineStats, compiles: CompileCounts,
                   step_times: StepTimes | None = None) -> bool:
@@ -113,6 +157,7 @@ class StatsLogger:
         if now - self._last_time < self.interval_s:
             return False
         threads = thread_cpu_seconds()
+        run_delay, throttled = run_delay_seconds(), throttled_seconds()
         idle = (stats.generation_tokens_total == self._last.generation_tokens_total
                 and stats.prompt_tokens_total == self._last.prompt_tokens_total)
         if not idle:
@@ -127,12 +172,17 @@ class StatsLogger:
             busiest = busiest_threads(self._threads, threads, now - self._last_time)
             if busiest:  # which threads the engine thread shares the GIL and the cores with
                 logger.info("busiest threads: %s", busiest)
+            waits = cpu_waits(self._run_delay, run_delay, self._throttled, throttled,
+                              now - self._last_time)
+            if waits:
+                logger.info("cpu waits: %s", waits)
         if self._gc is not None:
             self._gc.reset()
         if step_times is not None:
             step_times.reset()
         self._last, self._last_time, self._last_compiles = stats, now, compiles
         self._last_thread_time, self._threads = thread_time, threads
+        self._run_delay, self._throttled = run_delay, throttled
         return not idle
 
     def close(self) -> None:

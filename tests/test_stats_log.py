@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from guided.outputs import EngineStats
-from guided.stats_log import (CompileCounts, StatsLogger, busiest_threads, stats_line,
-                              thread_cpu_seconds)
+from guided.stats_log import (CompileCounts, StatsLogger, busiest_threads, cpu_waits,
+                              stats_line, thread_cpu_seconds)
 from guided.step_times import StepTimes
 
 
@@ -79,3 +79,11 @@ def test_thread_cpu_seconds_names_this_thread():
         return
     name, cpu = threads[threading.get_native_id()]
     assert name == threading.current_thread().name and cpu >= 0
+
+
+def test_cpu_waits_are_shares_of_the_interval_and_leave_out_what_is_unknown():
+    assert cpu_waits(1.0, 1.5, 2.0, 2.2, 2.0) == (
+        "engine thread runnable without a core 25%, cgroup throttled 10%")
+    assert cpu_waits(None, 1.5, 2.0, 2.2, 2.0) == "cgroup throttled 10%"
+    assert cpu_waits(1.0, 1.5, None, None, 2.0) == "engine thread runnable without a core 25%"
+    assert cpu_waits(None, None, None, None, 2.0) == ""
