@@ -109,8 +109,8 @@ device)
 status-serve)
   # through the server: 512 JSON-schema requests at concurrency 64, cold caches then warm,
   # beside transformers + xgrammar on the same requests (its compiles counted, as ours are)
-  serve --launch "--model $M --compile-threads 12" --workload $w/json.jsonl --num-requests 512 \
-    --concurrency 64,64 --max-tokens 256 --label "$M constrained"
+  serve --launch "--model $M --compile-threads 12 ${SERVE_ARGS:-}" --workload $w/json.jsonl \
+    --num-requests 512 --concurrency 64,64 --max-tokens 256 --label "$M constrained ${SERVE_ARGS:-}"
   python benchmarks/baseline_hf.py --model $M --workload $w/json.jsonl --num-requests \
     ${BASELINE_N:-512} --batch-size 64 --max-tokens 256 --modes constrained --label "$M" \
     2>>"$out/baseline.err" | tee "$out/baseline.md"
@@ -120,12 +120,15 @@ profile-serve)
   # py-spy in windows of 4 s with native frames (every thread: running, GIL, device, waits)
   # and of 2 s with --gil (who holds it); the stats log's times say which window was cold
   rm -f /tmp/guided-serve-*.log
-  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2" \
+  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2 ${SERVE_ARGS:-}" \
     --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
     --label "$M constrained" &
   bench=$!
-  until pid=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$pid" ] &&
+  until server=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$server" ] &&
         grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
+  # the engine's own process where it has one (--engine-process), else the server's
+  pid=$(pgrep -P "$server" -f spawn_main | head -1)
+  pid=${pid:-$server}
   for i in 1 2 3 4 5 6 7 8; do
     kill -0 "$bench" 2>/dev/null || break
     echo "window $i: $(date +%T.%N)" | tee -a "$out/windows.txt"
@@ -137,5 +140,7 @@ profile-serve)
   wait "$bench"
   cp /tmp/guided-serve-*.log "$out/" 2>/dev/null
   python benchmarks/thread_states.py "$out"/native*.txt "$out"/gil*.txt > "$out/thread_states.md"
+  (cd "$out" && tar czf pyspy.tgz native*.txt gil*.txt pyspy.err windows.txt && \
+    rm -f native*.txt gil*.txt)
   ;;
 esac

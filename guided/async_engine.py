@@ -222,7 +222,7 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if isinstance(command, _Add):
-                _resolve(command.accepted, error)
+                self._settle(command.accepted, error)
 
     def _drain_commands(self, *, block: bool) -> None:
         timeout = None
@@ -265,7 +265,7 @@ class AsyncEngine:
                 self._live[stream.request_id] = stream
             except Exception as e:  # noqa: BLE001 - any rejection goes back to the caller
                 error = e
-        _resolve(command.accepted, error)
+        self._settle(command.accepted, error)
 
     def _handle_abort(self, request_id: str) -> None:
         stream = self._live.pop(request_id, None)
@@ -329,6 +329,10 @@ class AsyncEngine:
                                       error, error_type))
         self._live.clear()
         self._histories.clear()
+
+    def _settle(self, accepted, error: BaseException | None) -> None:
+        """Answer an _Add: accepted (error None) or refused (engine thread)."""
+        _resolve(accepted, error)
 
     def _post(self, stream: RequestStream, out: RequestOutput) -> None:
         batch = self._outbox.get(stream._loop)

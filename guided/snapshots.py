@@ -64,12 +64,12 @@ _LOGPROBS = RequestOutput.__dict__["logprobs"]
 _UNREAD = object()  # in a slot of a _Snapshot: slice the history on first read
 
 
-def _sliced_on_read(slot, field: str, count: str) -> property:
-    """A field whose value is history.<field>[:self.<count>] until first read (then a list)."""
+def _sliced_on_read(slot, source: str, count: str) -> property:
+    """A field whose value is self.<source>[:self.<count>] until first read (then a list)."""
     def get(self):
         value = slot.__get__(self)
         if value is _UNREAD:
-            value = getattr(self._history, field)[:getattr(self, count)]
+            value = getattr(self, source)[:getattr(self, count)]
             slot.__set__(self, value)
         return value
 
@@ -83,10 +83,12 @@ class _Snapshot(RequestOutput):
     """A RequestOutput whose token_ids / logprobs are the first entries of a History, made
     lists when first read; otherwise a RequestOutput in every respect (fields, ==, repr)."""
 
-    __slots__ = ("_history", "_num_logprobs", "_num_tokens")
+    # the history's lists themselves, not the history: one that is replaced (a retokenized
+    # tail) is left as it was, so what a snapshot reads never changes
+    __slots__ = ("_logprob_list", "_num_logprobs", "_num_tokens", "_token_list")
 
-    token_ids = _sliced_on_read(_TOKENS, "token_ids", "_num_tokens")
-    logprobs = _sliced_on_read(_LOGPROBS, "logprobs", "_num_logprobs")
+    token_ids = _sliced_on_read(_TOKENS, "_token_list", "_num_tokens")
+    logprobs = _sliced_on_read(_LOGPROBS, "_logprob_list", "_num_logprobs")
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, RequestOutput):
@@ -101,11 +103,18 @@ def snapshot(out: RequestOutput, history: History) -> RequestOutput:
     """`out` as a copy that the engine cannot change after it was handed to another thread;
     `history` is its request's, updated here with what is new in out (engine thread)."""
     history.update(out)
+    return on_history(out, history)
+
+
+def on_history(out: RequestOutput, history: History) -> RequestOutput:
+    """`out` with its token ids and logprobs read from `history` as it is now (which holds
+    them already): a snapshot that later growth of the history leaves alone."""
     snap = _Snapshot(*_read_output(out))
-    snap._history = history
+    snap._token_list = history.token_ids
     snap._num_tokens = len(history.token_ids)
     snap.token_ids = _UNREAD
-    if out.logprobs is not None:
+    if history.logprobs is not None:
+        snap._logprob_list = history.logprobs
         snap._num_logprobs = len(history.logprobs)
         snap.logprobs = _UNREAD
     snap.metrics = copy_metrics(out.metrics)

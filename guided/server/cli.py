@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"])
     serve.add_argument("--drain-timeout", type=float, default=10.0,
                        help="seconds in-flight requests may finish at shutdown")
+    serve.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                       help="run the engine in a process of its own, apart from the HTTP "
+                            "server's event loop and its GIL (guided/engine_process.py)")
     add_engine_flags(serve)
 
     gen = sub.add_parser("generate", help="generate offline for one prompt")
@@ -119,7 +122,12 @@ def serve(args: argparse.Namespace) -> int:
     except InvalidRequestError as e:
         print(f"guided serve: {e}", file=sys.stderr)
         return 2
-    engine = AsyncEngine.from_config(config)
+    if args.engine_process:
+        from guided.engine_client import EngineClient
+
+        engine = EngineClient(config, log_level=args.log_level)
+    else:
+        engine = AsyncEngine.from_config(config)
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
                      drain_timeout=args.drain_timeout)
@@ -164,8 +172,9 @@ def _log_startup(core, url: str) -> None:
     stats = core.stats()
     config = core.config
     runner = getattr(core, "runner", None)
-    device = getattr(runner, "device", config.device)
-    dtype = str(getattr(runner, "dtype", config.dtype)).removeprefix("torch.")
+    device = getattr(core, "device", None) or getattr(runner, "device", config.device)
+    dtype = getattr(core, "dtype", None) or str(getattr(runner, "dtype", config.dtype))
+    dtype = dtype.removeprefix("torch.")
     logger.info("model %s (%s) on %s, dtype %s", core.model_name, config.model, device, dtype)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens; max_model_len %d; max_num_seqs %d",
                 stats.kv_blocks_total, config.block_size,
