@@ -33,9 +33,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-def shard_pids(parent: int) -> set[int]:
-    """The parent's children running guided's mask shard worker (from /proc)."""
-    pids = set()
+def shard_pids(root: int) -> set[int]:
+    """The root's descendants running guided's mask shard worker (from /proc): the engine's
+    process starts them, and runs as the server's child (--engine-process) or in it."""
+    children: dict[int, list[int]] = {}
+    shards = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -44,10 +46,16 @@ def shard_pids(parent: int) -> set[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"mask_shard_worker" in cmdline:
-            pids.add(int(entry.name))
-    return pids
+        pid, ppid = int(entry.name), int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(pid)
+        if b"mask_shard_worker" in cmdline:
+            shards.add(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return shards & found
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
