@@ -201,7 +201,7 @@ class EngineClient:
                 try:
                     if not self._take(message):
                         break
-                except Exception:  # noqa: BLE001 - one bad message must not end the server
+                except Exception:
                     logger.exception("handling the engine's %r message failed", message[0])
         finally:
             self._on_exit()
@@ -239,7 +239,7 @@ class EngineClient:
             if self.on_finished is not None:
                 try:
                     self.on_finished(out)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("on_finished hook failed")
         else:
             self._received[request_id] = received

@@ -155,7 +155,7 @@ def main(config, commands, events, log_level: str = "info") -> None:
         from guided.engine import Engine
 
         core = Engine(config)
-    except BaseException as e:  # noqa: BLE001 - the server reports it and exits
+    except BaseException as e:
         logger.exception("the engine failed to start")
         send(("failed", f"{type(e).__name__}: {e}"))
         return

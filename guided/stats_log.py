@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -76,6 +77,48 @@ def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
     return out
 
 
+def child_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each child process (Linux /proc; elsewhere empty), named by the module
+    it runs (a worker's `-m guided.fsm.table_worker` is "table_worker") or its command."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me, out = os.getpid(), {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if b"-m" in argv and argv.index(b"-m") + 1 < len(argv):
+            name = argv[argv.index(b"-m") + 1].decode(errors="replace").rsplit(".", 1)[-1]
+        out[int(entry)] = (f"{name} (process)", (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def cpu_by_group(before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]],
+                 seconds: float, top: int = 10) -> str:
+    """The interval's CPU of threads (and processes) named alike, grammar-compile-3 and
+    grammar-compile-7 as one group, in cores, busiest first (pure)."""
+    groups: dict[str, list] = {}
+    for tid, (name, cpu) in now.items():
+        group = re.sub(r"[-_]?\d+$", "", name) or name
+        used = groups.setdefault(group, [0, 0.0])
+        used[0] += 1
+        used[1] += cpu - before.get(tid, (name, 0.0))[1]
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    return ", ".join(f"{group} x{count} {cpu / max(seconds, 1e-9):.2f}"
+                     for group, (count, cpu) in ranked if cpu > 0)
+
+
 def run_delay_seconds() -> float | None:
     """Seconds the calling thread has spent runnable but waiting for a core (Linux schedstat;
     None elsewhere): time off the CPU that is not a wait of its own (nor one for the GIL)."""
@@ -140,6 +183,7 @@ class StatsLogger:
         self._last_thread_time = time.thread_time()  # of the thread that calls maybe_log
         self._gc = GcTimer() if interval_s > 0 else None
         self._threads = thread_cpu_seconds() if interval_s > 0 else {}
+        self._children = child_cpu_seconds() if interval_s > 0 else {}
         self._run_delay = run_delay_seconds()
         self._throttled = throttled_seconds()
 
@@ -156,7 +200,7 @@ class StatsLogger:
             return False
         if now - self._last_time < self.interval_s:
             return False
-        threads = thread_cpu_seconds()
+        threads, children = thread_cpu_seconds(), child_cpu_seconds()
         run_delay, throttled = run_delay_seconds(), throttled_seconds()
         idle = (stats.generation_tokens_total == self._last.generation_tokens_total
                 and stats.prompt_tokens_total == self._last.prompt_tokens_total)
@@ -172,6 +216,10 @@ class StatsLogger:
             busiest = busiest_threads(self._threads, threads, now - self._last_time)
             if busiest:  # which threads the engine thread shares the GIL and the cores with
                 logger.info("busiest threads: %s", busiest)
+            groups = cpu_by_group({**self._threads, **self._children}, {**threads, **children},
+                                  now - self._last_time)
+            if groups:  # where the machine's cores went: this process's threads, its workers
+                logger.info("cpu by thread group (cores): %s", groups)
             waits = cpu_waits(self._run_delay, run_delay, self._throttled, throttled,
                               now - self._last_time)
             if waits:
@@ -182,6 +230,7 @@ class StatsLogger:
             step_times.reset()
         self._last, self._last_time, self._last_compiles = stats, now, compiles
         self._last_thread_time, self._threads = thread_time, threads
+        self._children = children
         self._run_delay, self._throttled = run_delay, throttled
         return not idle
 

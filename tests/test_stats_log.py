@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from guided.outputs import EngineStats
-from guided.stats_log import (CompileCounts, StatsLogger, busiest_threads, cpu_waits,
-                              stats_line, thread_cpu_seconds)
+from guided.stats_log import (CompileCounts, StatsLogger, busiest_threads, child_cpu_seconds,
+                              cpu_by_group, cpu_waits, stats_line, thread_cpu_seconds)
 from guided.step_times import StepTimes
 
 
@@ -67,6 +67,27 @@ def test_busiest_threads_ranks_the_interval_cpu():
     before = {1: ("engine", 1.0), 2: ("compile", 0.5)}
     now = {1: ("engine", 1.5), 2: ("compile", 2.5), 3: ("new", 0.25)}
     assert busiest_threads(before, now, 2.0, top=2) == "compile 100%, engine 25%"
+
+
+def test_cpu_by_group_sums_threads_named_alike_in_cores():
+    before = {1: ("grammar-compile-0", 1.0), 2: ("grammar-compile-1", 1.0), 3: ("engine", 0.0)}
+    now = {1: ("grammar-compile-0", 2.0), 2: ("grammar-compile-1", 2.5), 3: ("engine", 1.5),
+           4: ("table_worker (process)", 0.5), 5: ("idle", 0.0)}
+    assert cpu_by_group(before, now, 1.0) == (
+        "grammar-compile x2 2.50, engine x1 1.50, table_worker (process) x1 0.50")
+
+
+def test_child_cpu_seconds_names_a_worker_by_its_module():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-m", "json.tool"], stdin=subprocess.PIPE)
+    try:
+        names = [name for name, _ in child_cpu_seconds().values()]
+    finally:
+        child.communicate(b"{}")
+    if sys.platform.startswith("linux"):
+        assert "tool (process)" in names
 
 
 def test_thread_cpu_seconds_names_this_thread():

@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
+from guided.fsm.compiler import lower_thread_priority
 from guided.fsm.shard_drafts import ShardDrafts
 from guided.fsm.shard_grammars import MAX_SHIPPED_BYTES, ShardGrammars, _Mirror
 from guided.step_times import StepTimes
@@ -87,7 +88,10 @@ class MaskShards(ShardDrafts, ShardGrammars):
         self._shards: list[_Shard] = []
         self._lock = threading.RLock()
         # serialize_json runs without the GIL: a cold wave of grammars ships in parallel
-        self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize")
+        # a grammar's file for the shards is seconds of a core for a large one: below the step
+        # loop and the mask threads, as compiles are
+        self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize",
+                                              initializer=lower_thread_priority, initargs=(10,))
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
         # gid -> the file its serialized grammar was written to (None: failed), kept until

@@ -68,8 +68,11 @@ class SchemaWorkers(PipeWorkers):
 
 
 def main() -> None:
+    import os
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers on the pipe
+    os.nice(10)  # a compile's stage: beside the compile threads, below the step loop
     while True:
         try:
             value, want_regex = receive_message(stdin)
