@@ -57,6 +57,10 @@ class EngineConfig:
     # niceness added to compile threads: a cold schema's compile uses idle cores and never
     # preempts the step loop or the mask threads (a preempted mask thread stalls a whole step)
     compile_nice: int = 10
+    # compile threads, DFA upgrades and the shards' grammar files run under Linux's SCHED_IDLE
+    # (a core only when nothing else wants it): with niceness alone a cold wave's compiles (8-10
+    # cores of a 16-core host) kept the step loop waiting for a core 12-29% of the time
+    compile_sched_idle: bool = True
     # JSON schemas are checked and their regexes written (the compile's Python, which holds the
     # GIL) in this many worker processes (fsm/schema_worker.py); 0: on the compile threads;
     # None: 4 where the model runs on a GPU on a host of 8 or more CPUs
@@ -72,6 +76,7 @@ class EngineConfig:
     # takes ~0.3 ms a position to build, seconds for the largest) is served by xgrammar at
     # once while its DFA compiles in the background; its requests after that get the DFA
     dfa_max_wait_size: int = 1000
+    dfa_upgrade_threads: int = 1  # threads building those DFAs in the background
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
     # processes filling constrained requests' mask rows beside the step loop, from mirror
@@ -160,6 +165,8 @@ class EngineConfig:
         need(self.schema_processes is None or self.schema_processes >= 0,
              "schema_processes must be >= 0 (or None)", "schema_processes")
         need(self.dfa_max_wait_size >= 0, "dfa_max_wait_size must be >= 0", "dfa_max_wait_size")
+        need(self.dfa_upgrade_threads >= 1, "dfa_upgrade_threads must be >= 1",
+             "dfa_upgrade_threads")
         need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,
              "device_dfa_max_rows and device_dfa_max_exceptions must be >= 1", "device_dfa")
         need(self.num_scheduler_steps >= 1, "num_scheduler_steps must be >= 1", "num_scheduler_steps")

@@ -78,14 +78,16 @@ class GrammarCompiler:
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
+        idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
-                                  timeout_s=config.compile_timeout_s, nice=config.compile_nice)
+                                  timeout_s=config.compile_timeout_s, nice=config.compile_nice,
+                                  idle=idle)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
         # nobody waits for them, so one thread, lower still than the compiles requests wait
         # for (each is seconds of a core's time, which the step loop needs more while cold)
         self._upgrades = WatchdogPool(
-            num_workers=1, timeout_s=config.compile_timeout_s,
-            nice=min(19, config.compile_nice + 5),
+            num_workers=config.dfa_upgrade_threads, timeout_s=config.compile_timeout_s,
+            nice=min(19, config.compile_nice + 5), idle=idle,
             name="grammar-dfa-upgrade") if config.dfa_masks else None
         # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
         # tables are made by worker processes (fsm/table_worker.py), started on first use
@@ -256,16 +258,22 @@ class GrammarCompiler:
             return self._outlines
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Add `nice` to the calling thread's niceness (Linux: a thread's priority is its own, and
-    threads it starts inherit it). Best effort: elsewhere, or without permission, a no-op."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError:
-        pass
+def lower_thread_priority(nice: int, idle: bool = False) -> None:
+    """Add `nice` to the calling thread's niceness, and with `idle` put it under SCHED_IDLE
+    (Linux: a thread's priority is its own, and threads it starts inherit it). Best effort:
+    elsewhere, or without permission, a no-op."""
+    tid = threading.get_native_id()
+    if nice > 0 and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        except OSError:
+            pass
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
 
 
 class WatchdogPool:
@@ -277,11 +285,12 @@ class WatchdogPool:
     """
 
     def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
-                 name: str = "grammar-compile"):
+                 idle: bool = False, name: str = "grammar-compile"):
         self.num_workers = max(1, num_workers)
         self.name = name  # its threads' (the server's stats log names the busiest)
         self.timeout_s = timeout_s
         self.nice = nice
+        self.idle = idle  # SCHED_IDLE (lower_thread_priority)
         self._cond = threading.Condition()
         self._jobs: list[tuple[Future, Callable[[], Any], str]] = []
         self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
@@ -329,7 +338,7 @@ class WatchdogPool:
                          daemon=True).start()
 
     def _work(self, worker_id: int) -> None:
-        lower_thread_priority(self.nice)
+        lower_thread_priority(self.nice, self.idle)
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:

@@ -91,7 +91,7 @@ class MaskShards(ShardDrafts, ShardGrammars):
         # a grammar's file for the shards is seconds of a core for a large one: below the step
         # loop and the mask threads, as compiles are
         self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize",
-                                              initializer=lower_thread_priority, initargs=(10,))
+                                              initializer=lower_thread_priority, initargs=(10, True))
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
         # gid -> the file its serialized grammar was written to (None: failed), kept until
