@@ -37,10 +37,13 @@ ERRORS = {cls.__name__: cls for cls in (InvalidRequestError, ConstraintError, Ov
 
 
 def error_message(error: BaseException | None) -> tuple | None:
-    """An exception as (type name, message, param) for the pipe (None stays None)."""
+    """An exception as (type name, message, param) for the pipe (None stays None), named by
+    its nearest class in ERRORS (a schema_check.Unsatisfiable is a ConstraintError)."""
     if error is None:
         return None
-    return type(error).__name__, str(error), getattr(error, "param", None)
+    name = next((cls.__name__ for cls in type(error).__mro__ if cls.__name__ in ERRORS),
+                type(error).__name__)
+    return name, str(error), getattr(error, "param", None)
 
 
 def error_from(message: tuple | None) -> BaseException | None:

@@ -67,3 +67,4 @@ def test_an_unread_snapshot_keeps_its_tokens_when_the_tail_is_retokenized():
     steps = list(_steps())  # none read until the last was made
     assert [out.token_ids for out in steps] == [
         [1, 2], [1, 2, 3, 4], [1, 2, 9], [1, 2, 9, 5, 6], [1, 2, 9, 5, 6, 7]]
+
