@@ -59,8 +59,10 @@ class EngineConfig:
     compile_nice: int = 10
     # compile threads, DFA upgrades and the shards' grammar files run under Linux's SCHED_IDLE
     # (a core only when nothing else wants it): with niceness alone a cold wave's compiles (8-10
-    # cores of a 16-core host) kept the step loop waiting for a core 12-29% of the time
-    compile_sched_idle: bool = True
+    # cores of a 16-core host) kept the step loop waiting for a core 12-29% of the time; None:
+    # on where the model runs on a GPU on a host of 8 or more CPUs (on the CPU the forward pass
+    # wants every core, and idle-class compiles would starve: policy.default_compile_sched_idle)
+    compile_sched_idle: bool | None = None
     # JSON schemas are checked and their regexes written (the compile's Python, which holds the
     # GIL) in this many worker processes (fsm/schema_worker.py); 0: on the compile threads;
     # None: 4 where the model runs on a GPU on a host of 8 or more CPUs

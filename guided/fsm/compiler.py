@@ -62,9 +62,10 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
                  regex_backend: str = "xgrammar", vocab: TokenVocab | None = None,
-                 schema_processes: int | None = None):
-        """schema_processes: overrides config.schema_processes (None there: 0 here; the
-        engine resolves it, policy.default_schema_processes)."""
+                 schema_processes: int | None = None, sched_idle: bool | None = None):
+        """schema_processes, sched_idle: override config.schema_processes and
+        config.compile_sched_idle (None there: 0 and off here; the engine resolves them,
+        policy.default_schema_processes and default_compile_sched_idle)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
@@ -78,7 +79,7 @@ class GrammarCompiler:
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
-        idle = config.compile_sched_idle
+        idle = bool(config.compile_sched_idle if sched_idle is None else sched_idle)
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
                                   idle=idle)

@@ -77,7 +77,8 @@ class PendingFill:
 
 class MaskShards(ShardDrafts, ShardGrammars):
     def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
-                 max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None):
+                 max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None,
+                 idle: bool = False):
         """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
         shards to walk jump-forward drafts too (ask_drafts); None: fills only. times: where
         the busiest shard's seconds a message go (the step loop's waits beside them)."""
@@ -89,9 +90,10 @@ class MaskShards(ShardDrafts, ShardGrammars):
         self._lock = threading.RLock()
         # serialize_json runs without the GIL: a cold wave of grammars ships in parallel
         # a grammar's file for the shards is seconds of a core for a large one: below the step
-        # loop and the mask threads, as compiles are
+        # loop and the mask threads, as compiles are (idle: under SCHED_IDLE as they are)
         self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize",
-                                              initializer=lower_thread_priority, initargs=(10, True))
+                                              initializer=lower_thread_priority,
+                                              initargs=(10, idle))
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
         # gid -> the file its serialized grammar was written to (None: failed), kept until

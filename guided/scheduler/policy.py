@@ -179,3 +179,12 @@ def default_schema_processes(*, on_gpu: bool, num_cpus: int) -> int:
     spare. Measured on an H200 host of 16 CPUs, the default model cold at 64 (RESULTS, session
     28): with 4, TPOT p50 9.0-9.1 ms and 3844.8-4277.6 tok/s, without 11.7 ms and 3685.3."""
     return 4 if on_gpu and num_cpus >= 8 else 0
+
+
+def default_compile_sched_idle(*, on_gpu: bool, num_cpus: int) -> bool:
+    """Compiles under SCHED_IDLE when the config leaves it open: where the step loop needs one
+    core and the host has many (a GPU host of 8+ CPUs; H200 host of 16, default model cold at
+    64, RESULTS session 29: the step loop's wait for a core 0-1% against 5-22%, 3306.5 against
+    3060.4 tok/s). On the CPU the model's forward pass keeps every core busy, and idle-class
+    compiles would wait for their timeout."""
+    return on_gpu and num_cpus >= 8

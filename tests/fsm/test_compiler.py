@@ -108,6 +108,18 @@ def test_compile_workers_run_at_a_lower_priority_than_the_caller():
     pool.shutdown()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
+def test_idle_compile_workers_run_under_sched_idle_and_the_caller_does_not():
+    from concurrent.futures import Future
+
+    pool = WatchdogPool(num_workers=1, timeout_s=10, idle=True)
+    policy = Future()
+    pool.submit(policy, lambda: os.sched_getscheduler(threading.get_native_id()))
+    assert policy.result(timeout=10) == os.SCHED_IDLE
+    assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE
+    pool.shutdown()
+
+
 def test_watchdog_bounds_abandoned_threads():
     pool = WatchdogPool(num_workers=1, timeout_s=0.1)
     from concurrent.futures import Future

@@ -130,3 +130,9 @@ def test_schema_workers_by_default_only_on_a_gpu_of_a_roomy_host():
     assert policy.default_schema_processes(on_gpu=True, num_cpus=8) == 4
     assert policy.default_schema_processes(on_gpu=True, num_cpus=7) == 0
     assert policy.default_schema_processes(on_gpu=False, num_cpus=64) == 0  # CPU: in-thread
+
+
+def test_idle_class_compiles_by_default_only_on_a_gpu_of_a_roomy_host():
+    assert policy.default_compile_sched_idle(on_gpu=True, num_cpus=16)
+    assert not policy.default_compile_sched_idle(on_gpu=True, num_cpus=4)
+    assert not policy.default_compile_sched_idle(on_gpu=False, num_cpus=64)  # CPU: would starve
