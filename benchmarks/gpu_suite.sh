@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu_suite.sh status-ratio  # issue 6's checks, one call each (MODEL=...):
 #   bash benchmarks/gpu_suite.sh profile-serve # status-serve's serving run under py-spy (a wheel in
 #                                            # .whl/), 4 s windows: benchmarks/thread_states.py
+#   bash benchmarks/gpu_suite.sh profile-gil   # the same run, py-spy --gil (not pausing it) over the
+#                                            # cold pass and the warm one: where the step loop's
+#                                            # GIL time goes (thread_states.py --functions)
 #   bash benchmarks/gpu_suite.sh status-serve  #   ratio (one wave and steady state), floor, serve, baseline
 #   bash benchmarks/gpu_suite.sh multistep   # constrained / free with 8 decode steps a call (MODEL=...)
 #   bash benchmarks/gpu_suite.sh dfa C       # constrained / free at concurrency C with the token-level
@@ -142,5 +145,27 @@ profile-serve)
   python benchmarks/thread_states.py "$out"/native*.txt "$out"/gil*.txt > "$out/thread_states.md"
   (cd "$out" && tar czf pyspy.tgz native*.txt gil*.txt pyspy.err windows.txt && \
     rm -f native*.txt gil*.txt)
+  ;;
+profile-gil)
+  rm -f /tmp/guided-serve-*.log
+  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2 ${SERVE_ARGS:-}" \
+    --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
+    --label "$M constrained" &
+  bench=$!
+  until server=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$server" ] &&
+        grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
+  pid=$(pgrep -P "$server" -f spawn_main | head -1)
+  pid=${pid:-$server}
+  py-spy record --pid "$pid" --threads --gil --nonblocking -r 200 -d ${COLD_S:-10} -f raw \
+    -o "$out/gil_cold.txt" >>"$out/pyspy.err" 2>&1
+  # the warm pass: every grammar cached, the prompts' prefixes too
+  until grep -qs "prefix cache 9[0-9]% hit | grammar cache 100%" /tmp/guided-serve-*.log ||
+        ! kill -0 "$bench" 2>/dev/null; do sleep 0.2; done
+  py-spy record --pid "$pid" --threads --gil --nonblocking -r 200 -d ${WARM_S:-4} -f raw \
+    -o "$out/gil_warm.txt" >>"$out/pyspy.err" 2>&1
+  wait "$bench"
+  cp /tmp/guided-serve-*.log "$out/" 2>/dev/null
+  python benchmarks/thread_states.py "$out/gil_cold.txt" "$out/gil_warm.txt" --functions 60 \
+    > "$out/gil_functions.md"
   ;;
 esac

@@ -78,6 +78,20 @@ def signature(frames: list[str], depth: int = 2) -> str:
     return " > ".join(list(reversed(native))[-depth:])
 
 
+def functions(rows, thread: str, top: int) -> list[tuple[str, float]]:
+    """The named thread's Python functions by the share of its samples they are on the stack
+    of (inclusive; each function once a sample)."""
+    counts, total = Counter(), 0
+    for name, frames, count in rows:
+        if group_of(name) != thread:
+            continue
+        total += count
+        seen = {frame.split(" (", 1)[0] for frame in frames if _PY_FRAME.search(frame)}
+        for function in seen:
+            counts[function] += count
+    return [(f, c / max(total, 1)) for f, c in counts.most_common(top)]
+
+
 def report(path: str, thread: str, top: int) -> None:
     rows = parse(path)
     by_group: dict[str, Counter] = defaultdict(Counter)
@@ -113,7 +127,21 @@ def main() -> None:
     ap.add_argument("profiles", nargs="+", help="py-spy raw profiles (-f raw, --native --idle)")
     ap.add_argument("--thread", default="guided-engine", help="the thread group to detail")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--functions", type=int, default=0, metavar="N",
+                    help="instead: the thread's N commonest Python functions (inclusive), one "
+                         "column a profile (for --gil profiles: where its GIL time goes)")
     args = ap.parse_args()
+    if args.functions:
+        tables = [dict(functions(parse(path), args.thread, args.functions * 3))
+                  for path in args.profiles]
+        names = sorted({n for table in tables for n in table},
+                       key=lambda n: -max(table.get(n, 0.0) for table in tables))
+        print("| function | " + " | ".join(args.profiles) + " |")
+        print("|---|" + "---|" * len(tables))
+        for name in names[:args.functions]:
+            print(f"| {name} | " + " | ".join(f"{table.get(name, 0.0):.1%}" for table in tables)
+                  + " |")
+        return
     for path in args.profiles:
         report(path, args.thread, args.top)
 

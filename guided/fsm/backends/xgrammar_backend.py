@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -73,19 +74,24 @@ class XGrammarBackend:
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
         self._json_string_ban: TokenBan | None = None
+        # the bans are Python loops over the vocabulary (~0.1 s each): once, not once a thread
+        # (a cold wave's first compiles all asked at once, each holding the GIL for the loop)
+        self._bans_lock = threading.Lock()
 
     def json_ban(self) -> TokenBan:
         """The tokens JSON output may never contain: those with a raw control byte (JSON
         escapes them), except whitespace tokens where whitespace is free. Applied to every
         JSON row because xgrammar 0.2.8's minLength / maxLength strings admit raw control
         characters."""
-        if self._json_ban is None:
-            allowed = self._raw_controls()
-            self._json_ban = token_ban(frozenset(
-                i for i, data in enumerate(self.vocab.token_bytes)
-                if data and min(data) < 0x20 and any(c < 0x20 and c not in allowed for c in data)),
-                self.vocab.vocab_size)
-        return self._json_ban
+        with self._bans_lock:
+            if self._json_ban is None:
+                allowed = self._raw_controls()
+                self._json_ban = token_ban(frozenset(
+                    i for i, data in enumerate(self.vocab.token_bytes)
+                    if data and min(data) < 0x20
+                    and any(c < 0x20 and c not in allowed for c in data)),
+                    self.vocab.vocab_size)
+            return self._json_ban
 
     def _raw_controls(self) -> bytes:
         """The control bytes JSON output may hold: whitespace, where whitespace is free."""
@@ -94,12 +100,13 @@ class XGrammarBackend:
     def json_string_ban(self) -> TokenBan:
         """json_ban and the tokens that cannot come next inside a JSON string at a character
         boundary (guided/fsm/string_ban.py): what a lazy row there carries."""
-        if self._json_string_ban is None:
-            self._json_string_ban = token_ban(
-                self.json_ban().ids | json_string_banned(self.vocab.token_bytes,
-                                                         self._raw_controls()),
-                self.vocab.vocab_size)
-        return self._json_string_ban
+        ban = self.json_ban()
+        with self._bans_lock:
+            if self._json_string_ban is None:
+                self._json_string_ban = token_ban(
+                    ban.ids | json_string_banned(self.vocab.token_bytes, self._raw_controls()),
+                    self.vocab.vocab_size)
+            return self._json_string_ban
 
     def json_options(self) -> dict:
         if self.config.any_whitespace:
