@@ -27,6 +27,19 @@ w=${WORKLOADS:-.work}
 phase=${1:-serve-8b}
 M=${MODEL:-synthetic:llama-3-8b}
 serve() { python benchmarks/serve.py "$@" --json-out "$out/serve.jsonl" 2>>"$out/serve.err" | tee -a "$out/serve.md"; }
+serve_profiled() {
+  # status-serve's serving run in the background with the stats log every 2 s; once it
+  # generates: $bench its pid, $pid the engine's own process (--engine-process), else the server
+  rm -f /tmp/guided-serve-*.log
+  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2 ${SERVE_ARGS:-}" \
+    --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
+    --label "$M constrained" &
+  bench=$!
+  until server=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$server" ] &&
+        grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
+  pid=$(pgrep -P "$server" -f spawn_main | head -1)
+  pid=${pid:-$server}
+}
 case "$phase" in
 serve-8b|serve)
   serve --launch "--model $M" --workload $w/json.jsonl --num-requests 512 --concurrency 64,256 \
@@ -122,16 +135,7 @@ profile-serve)
   # status-serve's cold and warm passes with the stats log every 2 s, the server sampled by
   # py-spy in windows of 4 s with native frames (every thread: running, GIL, device, waits)
   # and of 2 s with --gil (who holds it); the stats log's times say which window was cold
-  rm -f /tmp/guided-serve-*.log
-  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2 ${SERVE_ARGS:-}" \
-    --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
-    --label "$M constrained" &
-  bench=$!
-  until server=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$server" ] &&
-        grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
-  # the engine's own process where it has one (--engine-process), else the server's
-  pid=$(pgrep -P "$server" -f spawn_main | head -1)
-  pid=${pid:-$server}
+  serve_profiled
   for i in 1 2 3 4 5 6 7 8; do
     kill -0 "$bench" 2>/dev/null || break
     echo "window $i: $(date +%T.%N)" | tee -a "$out/windows.txt"
@@ -147,15 +151,7 @@ profile-serve)
     rm -f native*.txt gil*.txt)
   ;;
 profile-gil)
-  rm -f /tmp/guided-serve-*.log
-  serve --launch "--model $M --compile-threads 12 --log-stats-interval-s 2 ${SERVE_ARGS:-}" \
-    --workload $w/json.jsonl --num-requests 512 --concurrency 64,64 --max-tokens 256 \
-    --label "$M constrained" &
-  bench=$!
-  until server=$(pgrep -f "guided.server.cli serve" | head -1) && [ -n "$server" ] &&
-        grep -qs "generation" /tmp/guided-serve-*.log; do sleep 0.2; done
-  pid=$(pgrep -P "$server" -f spawn_main | head -1)
-  pid=${pid:-$server}
+  serve_profiled
   py-spy record --pid "$pid" --threads --gil --nonblocking -r 200 -d ${COLD_S:-10} -f raw \
     -o "$out/gil_cold.txt" >>"$out/pyspy.err" 2>&1
   # the warm pass: every grammar cached, the prompts' prefixes too

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
-from guided.request_stream import RequestStream, deliver_all
+from guided.request_stream import RequestStream, deliver_all, stream_outputs
 from guided.snapshots import History, copy_metrics, copy_output, snapshot
 from guided.stats_log import CompileCounts, StatsLogger
 
@@ -149,15 +149,10 @@ class AsyncEngine:
             raise
         return stream
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    def generate(self, request_id: str, prompt: str | list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request; closing or cancelling the consumer aborts it."""
-        stream = await self.add_request(request_id, prompt, params)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.abort()
+        return stream_outputs(self, request_id, prompt, params)
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))

@@ -25,7 +25,7 @@ from guided.errors import OverloadedError
 from guided.output_wire import Received, decode
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
-from guided.request_stream import RequestStream, deliver_all
+from guided.request_stream import RequestStream, deliver_all, stream_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -144,15 +144,10 @@ class EngineClient:
             self._adds.pop(request_id, None)
         return stream
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    def generate(self, request_id: str, prompt: str | list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request; closing or cancelling the consumer aborts it."""
-        stream = await self.add_request(request_id, prompt, params)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.abort()
+        return stream_outputs(self, request_id, prompt, params)
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))

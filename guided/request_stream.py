@@ -3,6 +3,7 @@ cumulative output (not a queue), filled by deliver_all, one batch per engine ste
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from guided.outputs import RequestOutput
@@ -61,6 +62,17 @@ class RequestStream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+async def stream_outputs(owner, request_id: str, prompt, params) -> AsyncIterator[RequestOutput]:
+    """owner.add_request's outputs as they come; closing or cancelling the consumer aborts the
+    request (AsyncEngine's and EngineClient's generate)."""
+    stream = await owner.add_request(request_id, prompt, params)
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        stream.abort()
 
 
 def deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # event loop

@@ -53,54 +53,60 @@ def stats_line(before: EngineStats, now: EngineStats, seconds: float,
                f" | engine thread on a CPU {thread_seconds / seconds:.0%} of the time"))
 
 
+def _read_stat(path: str) -> tuple[str, list[str]] | None:
+    """A /proc stat file as (the command's name, the fields after it); None if it is gone."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    end = stat.rindex(")")
+    return stat[stat.index("(") + 1:end], stat[end + 2:].split()
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
 def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
     """CPU seconds each thread of this process has had (Linux: /proc/self/task; elsewhere
     empty), by native thread id, with its name: Python's where it is a Python thread, the
     kernel's otherwise (torch's, the tokenizer's)."""
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     out = {}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return out
     for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended meanwhile
-        comm_end = stat.rindex(")")
-        fields = stat[comm_end + 2:].split()
-        name = names.get(int(tid)) or stat[stat.index("(") + 1:comm_end]
-        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+        stat = _read_stat(f"/proc/self/task/{tid}/stat")
+        if stat is not None:  # else the thread ended meanwhile
+            out[int(tid)] = (names.get(int(tid)) or stat[0], _cpu_seconds(stat[1]))
     return out
 
 
 def child_cpu_seconds() -> dict[int, tuple[str, float]]:
     """CPU seconds of each child process (Linux /proc; elsewhere empty), named by the module
     it runs (a worker's `-m guided.fsm.table_worker` is "table_worker") or its command."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     me, out = os.getpid(), {}
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
         return out
     for entry in entries:
+        stat = _read_stat(f"/proc/{entry}/stat")
+        if stat is None or int(stat[1][1]) != me:
+            continue
+        name = stat[0]
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[1]) != me:
-                continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-        except (OSError, ValueError):
+        except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
         if b"-m" in argv and argv.index(b"-m") + 1 < len(argv):
             name = argv[argv.index(b"-m") + 1].decode(errors="replace").rsplit(".", 1)[-1]
-        out[int(entry)] = (f"{name} (process)", (int(fields[11]) + int(fields[12])) / ticks)
+        out[int(entry)] = (f"{name} (process)", _cpu_seconds(stat[1]))
     return out
 
 
