@@ -57,6 +57,9 @@ class Engine:
         self.compile_sched_idle = (
             policy.default_compile_sched_idle(on_gpu=on_gpu, num_cpus=NUM_CPUS)
             if config.compile_sched_idle is None else config.compile_sched_idle)
+        self.compile_threads = (
+            policy.default_compile_threads(sched_idle=self.compile_sched_idle, num_cpus=NUM_CPUS)
+            if config.compile_threads is None else config.compile_threads)
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times, shared_masks=self.mask_processes > 0)
         del state
@@ -110,7 +113,8 @@ class Engine:
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.config,
                                              schema_processes=self.schema_processes,
-                                             sched_idle=self.compile_sched_idle)
+                                             sched_idle=self.compile_sched_idle,
+                                             num_threads=self.compile_threads)
             if self.mask_processes:
                 vocab = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
                 drafting = None if self._encoder.backend_json is None else (

@@ -62,10 +62,12 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
                  regex_backend: str = "xgrammar", vocab: TokenVocab | None = None,
-                 schema_processes: int | None = None, sched_idle: bool | None = None):
-        """schema_processes, sched_idle: override config.schema_processes and
-        config.compile_sched_idle (None there: 0 and off here; the engine resolves them,
-        policy.default_schema_processes and default_compile_sched_idle)."""
+                 schema_processes: int | None = None, sched_idle: bool | None = None,
+                 num_threads: int | None = None):
+        """schema_processes, sched_idle, num_threads: override config.schema_processes,
+        config.compile_sched_idle and config.compile_threads (None there: 0, off and 4 here;
+        the engine resolves them, policy.default_schema_processes, default_compile_sched_idle
+        and default_compile_threads)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
@@ -80,7 +82,9 @@ class GrammarCompiler:
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
         idle = bool(config.compile_sched_idle if sched_idle is None else sched_idle)
-        self._pool = WatchdogPool(num_workers=config.compile_threads,
+        if num_threads is None:
+            num_threads = config.compile_threads or 4
+        self._pool = WatchdogPool(num_workers=num_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
                                   idle=idle)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:

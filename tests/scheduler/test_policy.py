@@ -136,3 +136,9 @@ def test_idle_class_compiles_by_default_only_on_a_gpu_of_a_roomy_host():
     assert policy.default_compile_sched_idle(on_gpu=True, num_cpus=16)
     assert not policy.default_compile_sched_idle(on_gpu=True, num_cpus=4)
     assert not policy.default_compile_sched_idle(on_gpu=False, num_cpus=64)  # CPU: would starve
+
+
+def test_compile_threads_by_default_take_idle_cores_only_where_they_are_idle_class():
+    assert policy.default_compile_threads(sched_idle=True, num_cpus=16) == 12
+    assert policy.default_compile_threads(sched_idle=True, num_cpus=4) == 4
+    assert policy.default_compile_threads(sched_idle=False, num_cpus=64) == 4
