@@ -74,6 +74,7 @@ class ProcessSideEngine(AsyncEngine):
         self._batch: list[tuple] = []  # engine thread only
         self._last_stats = None
         self._last_stats_time = 0.0
+        self._counts_lock = threading.Lock()
         super().__init__(engine)
 
     def _settle(self, accepted, error: BaseException | None) -> None:
@@ -124,12 +125,14 @@ class ProcessSideEngine(AsyncEngine):
     def _compile(self, compile_id: int, spec) -> None:
         future = self.engine.compiler.submit(spec)
         hit = future.done()
-        self.compile_queries += 1
-        self.compile_hits += hit
-        self.compiles_pending += not hit
+        with self._counts_lock:  # the stats log's counts: this thread and the compile threads
+            self.compile_queries += 1
+            self.compile_hits += hit
+            self.compiles_pending += not hit
 
         def done(f) -> None:
-            self.compiles_pending -= not hit
+            with self._counts_lock:
+                self.compiles_pending -= not hit
             error = f.exception()
             self._send(("compiled", compile_id, hit, error_message(error)))
 
