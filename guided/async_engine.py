@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
-from guided.request_stream import RequestStream, deliver_all, stream_outputs
+from guided.request_stream import RequestStream, hand_over, stream_outputs
 from guided.snapshots import History, copy_metrics, copy_output, snapshot
 from guided.stats_log import CompileCounts, StatsLogger
 
@@ -340,11 +340,7 @@ class AsyncEngine:
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}
-        for loop, batch in outbox.items():
-            try:
-                loop.call_soon_threadsafe(deliver_all, batch)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                pass
+        hand_over(outbox)
 
     def _refresh_stats(self) -> None:
         try:

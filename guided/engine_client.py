@@ -25,7 +25,7 @@ from guided.errors import OverloadedError
 from guided.output_wire import Received, decode
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
-from guided.request_stream import RequestStream, deliver_all, stream_outputs
+from guided.request_stream import RequestStream, hand_over, stream_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -249,11 +249,7 @@ class EngineClient:
         for stream, out in batch:
             if stream is not None:
                 by_loop.setdefault(stream._loop, []).append((stream, out))
-        for loop, outs in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(deliver_all, outs)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                pass
+        hand_over(by_loop)
 
     def _on_exit(self) -> None:
         """The engine stopped (asked to, or died): end what still waits on it."""

@@ -78,3 +78,13 @@ async def stream_outputs(owner, request_id: str, prompt, params) -> AsyncIterato
 def deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # event loop
     for stream, out in batch:
         stream._deliver(out)
+
+
+def hand_over(outbox: dict[asyncio.AbstractEventLoop, list]) -> None:
+    """Each event loop its batch of (stream, output), in one call_soon_threadsafe (from another
+    thread; a closed loop has nobody left to listen)."""
+    for loop, batch in outbox.items():
+        try:
+            loop.call_soon_threadsafe(deliver_all, batch)
+        except RuntimeError:
+            pass

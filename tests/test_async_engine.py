@@ -200,11 +200,11 @@ def test_snapshots_share_a_history_that_only_grows():
 
 
 def test_one_hand_off_per_step_carries_all_its_outputs(fake, monkeypatch):
-    from guided import async_engine
+    from guided import request_stream
 
     batches = []
-    deliver_all = async_engine.deliver_all
-    monkeypatch.setattr(async_engine, "deliver_all",
+    deliver_all = request_stream.deliver_all
+    monkeypatch.setattr(request_stream, "deliver_all",
                         lambda batch: (batches.append(len(batch)), deliver_all(batch)))
 
     async def main():
