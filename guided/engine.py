@@ -52,14 +52,8 @@ class Engine:
             overlapped=self.overlap, on_gpu=on_gpu, num_cpus=NUM_CPUS,
             num_params=model_config.num_params)
         self.mask_processes = shards if config.mask_processes is None else config.mask_processes
-        self.schema_processes = (policy.default_schema_processes(on_gpu=on_gpu, num_cpus=NUM_CPUS)
-                                 if config.schema_processes is None else config.schema_processes)
-        self.compile_sched_idle = (
-            policy.default_compile_sched_idle(on_gpu=on_gpu, num_cpus=NUM_CPUS)
-            if config.compile_sched_idle is None else config.compile_sched_idle)
-        self.compile_threads = (
-            policy.default_compile_threads(sched_idle=self.compile_sched_idle, num_cpus=NUM_CPUS)
-            if config.compile_threads is None else config.compile_threads)
+        self.compile_config = policy.resolve_compile_config(config, on_gpu=on_gpu,
+                                                            num_cpus=NUM_CPUS)
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times, shared_masks=self.mask_processes > 0)
         del state
@@ -111,10 +105,7 @@ class Engine:
             from guided.fsm.compiler import GrammarCompiler
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
-                                             config=self.config,
-                                             schema_processes=self.schema_processes,
-                                             sched_idle=self.compile_sched_idle,
-                                             num_threads=self.compile_threads)
+                                             config=self.compile_config)
             if self.mask_processes:
                 vocab = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
                 drafting = None if self._encoder.backend_json is None else (
@@ -123,7 +114,7 @@ class Engine:
                 self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
                                           self.mask_processes, drafting=drafting,
                                           times=self.step_times,
-                                          idle=self.compile_sched_idle)
+                                          idle=self.compile_config.compile_sched_idle)
         return self._compiler
 
     @property

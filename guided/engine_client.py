@@ -175,7 +175,6 @@ class EngineClient:
             self._process.kill()
             self._process.join(5.0)
 
-
     def _send(self, message) -> None:
         with self._send_lock:
             try:

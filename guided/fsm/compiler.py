@@ -61,13 +61,9 @@ class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
-                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None,
-                 schema_processes: int | None = None, sched_idle: bool | None = None,
-                 num_threads: int | None = None):
-        """schema_processes, sched_idle, num_threads: override config.schema_processes,
-        config.compile_sched_idle and config.compile_threads (None there: 0, off and 4 here;
-        the engine resolves them, policy.default_schema_processes, default_compile_sched_idle
-        and default_compile_threads)."""
+                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
+        """config's open compile settings (None) are 4 threads, in-thread schema checks and no
+        SCHED_IDLE here; the engine resolves them first (policy.resolve_compile_config)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
@@ -81,10 +77,8 @@ class GrammarCompiler:
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
-        idle = bool(config.compile_sched_idle if sched_idle is None else sched_idle)
-        if num_threads is None:
-            num_threads = config.compile_threads or 4
-        self._pool = WatchdogPool(num_workers=num_threads,
+        idle = bool(config.compile_sched_idle)
+        self._pool = WatchdogPool(num_workers=config.compile_threads or 4,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
                                   idle=idle)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
@@ -100,12 +94,10 @@ class GrammarCompiler:
             config.num_scheduler_steps > 1)
         self._table_workers = None
         self._schema_workers = None
-        if schema_processes is None:
-            schema_processes = config.schema_processes or 0
-        if schema_processes:
+        if config.schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
 
-            self._schema_workers = SchemaWorkers(schema_processes)
+            self._schema_workers = SchemaWorkers(config.schema_processes)
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:

@@ -1,6 +1,7 @@
 """Scheduling decisions as pure functions of plain numbers: admission, chunking, preemption."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 
@@ -197,3 +198,16 @@ def default_compile_threads(*, sched_idle: bool, num_cpus: int) -> int:
     3578.1 tok/s with TTFT p50 1302 ms, 8: 3345.0, 12: 4323.7-4795.1, 16: 4386.6). Elsewhere 4,
     beside a forward pass that wants every core."""
     return max(4, num_cpus * 3 // 4) if sched_idle else 4
+
+
+def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
+    """config with its open compile settings (None) resolved by the defaults above: what the
+    grammar compiler runs with."""
+    idle = (default_compile_sched_idle(on_gpu=on_gpu, num_cpus=num_cpus)
+            if config.compile_sched_idle is None else config.compile_sched_idle)
+    return dataclasses.replace(
+        config, compile_sched_idle=idle,
+        schema_processes=(default_schema_processes(on_gpu=on_gpu, num_cpus=num_cpus)
+                          if config.schema_processes is None else config.schema_processes),
+        compile_threads=(default_compile_threads(sched_idle=idle, num_cpus=num_cpus)
+                         if config.compile_threads is None else config.compile_threads))
