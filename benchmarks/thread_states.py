@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from guided.stats_log import thread_group
 
 _PY_FRAME = re.compile(r"\.py:\d+\)$")
 _GIL_FRAMES = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyEval_AcquireLock",
@@ -40,10 +46,6 @@ def parse(path: str) -> list[tuple[str, list[str], int]]:
             name = head.split(": ", 1)[1] if ": " in head else head
             rows.append((name, frames, int(count)))
     return rows
-
-
-def group_of(name: str) -> str:
-    return re.sub(r"[-_]?\d+$", "", name) or name
 
 
 def state_of(frames: list[str]) -> str:
@@ -83,7 +85,7 @@ def functions(rows, thread: str, top: int) -> list[tuple[str, float]]:
     of (inclusive; each function once a sample)."""
     counts, total = Counter(), 0
     for name, frames, count in rows:
-        if group_of(name) != thread:
+        if thread_group(name) != thread:
             continue
         total += count
         seen = {frame.split(" (", 1)[0] for frame in frames if _PY_FRAME.search(frame)}
@@ -97,8 +99,8 @@ def report(path: str, thread: str, top: int) -> None:
     by_group: dict[str, Counter] = defaultdict(Counter)
     threads: dict[str, set] = defaultdict(set)
     for name, frames, count in rows:
-        by_group[group_of(name)][state_of(frames)] += count
-        threads[group_of(name)].add(name)
+        by_group[thread_group(name)][state_of(frames)] += count
+        threads[thread_group(name)].add(name)
     print(f"\n## {path}\n")
     every = sum(sum(states.values()) for states in by_group.values()) or 1
     print("| threads | n | samples | of all | running | gil | device | wait |")
@@ -108,7 +110,7 @@ def report(path: str, thread: str, top: int) -> None:
         shares = " | ".join(f"{states[s] / total:.0%}" for s in ("running", "gil", "device",
                                                                    "wait"))
         print(f"| {group} | {len(threads[group])} | {total} | {total / every:.0%} | {shares} |")
-    mine = [(frames, count) for name, frames, count in rows if group_of(name) == thread]
+    mine = [(frames, count) for name, frames, count in rows if thread_group(name) == thread]
     total = sum(c for _, c in mine) or 1
     for state in ("gil", "device", "wait", "running"):
         sigs = Counter()

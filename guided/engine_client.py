@@ -68,7 +68,7 @@ class EngineClient:
         self._received: dict[str, Received] = {}  # reader thread only
         self._last: dict[str, RequestOutput] = {}  # reader thread only: for a died engine's finals
         self._adds: dict[str, asyncio.Future] = {}
-        self._compiles: dict[int, tuple[asyncio.Future, ConstraintSpec]] = {}
+        self._compiles: dict[int, asyncio.Future] = {}
         self._compile_ids = itertools.count()
         self._accepting = True
         self._alive = True
@@ -110,7 +110,7 @@ class EngineClient:
         """Compile a constraint in the engine process; raises ConstraintError for a bad one."""
         future = asyncio.get_running_loop().create_future()
         compile_id = next(self._compile_ids)
-        self._compiles[compile_id] = (future, spec)
+        self._compiles[compile_id] = future
         self.compile_queries += 1
         self.compiles_pending += 1
         try:
@@ -215,10 +215,10 @@ class EngineClient:
                 _resolve(future, error_from(message[2]))
         elif kind == "compiled":
             _, compile_id, hit, error = message
-            entry = self._compiles.get(compile_id)
+            future = self._compiles.get(compile_id)
             self.compile_hits += hit
-            if entry is not None:
-                _resolve(entry[0], error_from(error))
+            if future is not None:
+                _resolve(future, error_from(error))
         elif kind == "stopped":
             return False
         return True
@@ -259,7 +259,7 @@ class EngineClient:
         error = OverloadedError("the engine process is not running")
         for future in list(self._adds.values()):
             _resolve(future, error)
-        for future, _ in list(self._compiles.values()):
+        for future in list(self._compiles.values()):
             _resolve(future, error)
         streams, self._streams = self._streams, {}
         self._deliver([(stream, _final(request_id, self._last.get(request_id),

@@ -62,7 +62,6 @@ def error_from(message: tuple | None) -> BaseException | None:
 class _Handle:
     """A request's stand-in for AsyncEngine's RequestStream in this process."""
     request_id: str
-    _loop: None = None
 
 
 class ProcessSideEngine(AsyncEngine):

@@ -110,14 +110,19 @@ def child_cpu_seconds() -> dict[int, tuple[str, float]]:
     return out
 
 
+def thread_group(name: str) -> str:
+    """A thread's group: its name without a trailing number (grammar-compile-3 and
+    grammar-compile-7 are grammar-compile)."""
+    return re.sub(r"[-_]?\d+$", "", name) or name
+
+
 def cpu_by_group(before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]],
                  seconds: float, top: int = 10) -> str:
     """The interval's CPU of threads (and processes) named alike, grammar-compile-3 and
     grammar-compile-7 as one group, in cores, busiest first (pure)."""
     groups: dict[str, list] = {}
     for tid, (name, cpu) in now.items():
-        group = re.sub(r"[-_]?\d+$", "", name) or name
-        used = groups.setdefault(group, [0, 0.0])
+        used = groups.setdefault(thread_group(name), [0, 0.0])
         used[0] += 1
         used[1] += cpu - before.get(tid, (name, 0.0))[1]
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
