@@ -56,10 +56,15 @@ class EngineConfig:
     # None: 12 on a GPU host of 16 CPUs (three quarters of them, at least 4) where compiles run
     # under SCHED_IDLE, else 4 (policy.default_compile_threads)
     compile_threads: int | None = None
+    # threads one xgrammar compile may spread its vocabulary pass over (GrammarCompiler's
+    # max_threads; the compile time of a large schema divides by them, ~4.8 s to ~2.4 s with 2):
+    # a cold wave's slowest compile is its tail. None: 8 where compiles run under SCHED_IDLE
+    # (they take idle cores only), else 1 (policy.default_xgrammar_threads)
+    xgrammar_threads: int | None = None
     # niceness added to compile threads: a cold schema's compile uses idle cores and never
     # preempts the step loop or the mask threads (a preempted mask thread stalls a whole step)
     compile_nice: int = 10
-    # compile threads, DFA upgrades and the shards' grammar files run under Linux's SCHED_IDLE
+    # compile threads, DFA upgrades and the shards' own compiles run under Linux's SCHED_IDLE
     # (a core only when nothing else wants it): with niceness alone a cold wave's compiles (8-10
     # cores of a 16-core host) kept the step loop waiting for a core 12-29% of the time; None:
     # on where the model runs on a GPU on a host of 8 or more CPUs (on the CPU the forward pass
@@ -171,6 +176,8 @@ class EngineConfig:
         need(self.dfa_max_wait_size >= 0, "dfa_max_wait_size must be >= 0", "dfa_max_wait_size")
         need(self.compile_threads is None or self.compile_threads >= 1,
              "compile_threads must be >= 1 (or None)", "compile_threads")
+        need(self.xgrammar_threads is None or self.xgrammar_threads >= 1,
+             "xgrammar_threads must be >= 1 (or None)", "xgrammar_threads")
         need(self.dfa_upgrade_threads >= 1, "dfa_upgrade_threads must be >= 1",
              "dfa_upgrade_threads")
         need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,

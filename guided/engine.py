@@ -111,10 +111,11 @@ class Engine:
                 drafting = None if self._encoder.backend_json is None else (
                     self._encoder.backend_json, vocab.token_bytes, vocab.eos_token_ids,
                     self._special_ids)
-                self._shards = MaskShards(self._compiler.xgrammar_tokenizer_info,
-                                          self.mask_processes, drafting=drafting,
-                                          times=self.step_times,
-                                          idle=self.compile_config.compile_sched_idle)
+                compiling = self.compile_config
+                self._shards = MaskShards(
+                    self._compiler.xgrammar_tokenizer_info, self.mask_processes,
+                    drafting=drafting, times=self.step_times, idle=compiling.compile_sched_idle,
+                    compile_threads=compiling.xgrammar_threads)
         return self._compiler
 
     @property

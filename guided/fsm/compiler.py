@@ -2,7 +2,8 @@
 
 Compiles run in threads because xgrammar releases the GIL while compiling (measured: a 100 ms
 compile leaves the caller's thread running) and because a compiled xgrammar grammar cannot
-cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s).
+cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s;
+mask shards compile their own copy, from the same recipe).
 A C++ compile cannot be interrupted, so a compile past its deadline is *abandoned*: its future
 fails with ConstraintError at once, a fresh worker replaces it, and the abandoned thread exits
 when its compile ends. At most `compile_threads` compiles may be abandoned at a time; beyond
@@ -188,13 +189,10 @@ class GrammarCompiler:
                 upgrade = Future()
                 self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
                                       label="json_schema DFA")
-            compiled = xg.compile_checked_schema(schema)
-        elif spec.kind == "json_object":
-            compiled = xg.compile_json_object()
-        elif spec.kind == "regex":
-            compiled = xg.compile_regex(spec.value)
+            recipe = xg.recipe("json_schema", json.dumps(schema))
         else:
-            compiled = xg.compile_grammar(spec.value)
+            recipe = xg.recipe(spec.kind, "" if spec.kind == "json_object" else spec.value)
+        compiled = xg.compile(recipe)
         seconds = time.perf_counter() - start
         is_json = spec.kind in ("json_schema", "json_object")
         ban = xg.json_ban() if is_json else None
@@ -202,7 +200,8 @@ class GrammarCompiler:
         heavy = has_long_repetition(compiled)
         return CompiledGrammar(spec, seconds, "xgrammar",
                                lambda: XGrammarMatcher(compiled, vocab, ban=ban,
-                                                       string_ban=string_ban, heavy=heavy),
+                                                       string_ban=string_ban, heavy=heavy,
+                                                       recipe=recipe),
                                upgrade=upgrade)
 
     def _dfa_grammar(self, spec: ConstraintSpec, regex: str,

@@ -4,8 +4,9 @@ It holds a mirror matcher for each request the engine placed on it, fed the requ
 committed tokens, fills those requests' rows of a step's mask buffer (a file the engine
 mapped in memory too) and walks their jump-forward drafts. Messages, in order on one pipe:
 
-  ("load", gid, path)           load a compiled grammar serialized to a file (on a loader thread:
-                                it may take tens of ms, and fills go on meanwhile); no reply
+  ("load", gid, recipe)         compile a grammar from the recipe the engine compiled its own from
+                                (xgrammar_backend.Recipe's fields), on a loader thread (it may
+                                take seconds, and fills go on meanwhile); no reply
   ("drop", gid)                 forget a grammar no mirror uses; no reply
   ("ban", key, token ids)       tokens some grammars never allow (their matchers' ban): ANDed
                                 into the rows it fills, and drafts never hold them; no reply
@@ -23,8 +24,9 @@ mapped in memory too) and walks their jump-forward drafts. Messages, in order on
   ("stop",)
 
 The first message is (the xgrammar TokenizerInfo as JSON, what drafting needs or None: the
-Rust tokenizer as JSON, token bytes, EOS ids, special ids); it replies ("ready", whether it
-walks drafts) once its imports and the tokenizer are in place. Run as
+Rust tokenizer as JSON, token bytes, EOS ids, special ids; whether its compiles run under
+SCHED_IDLE; the threads each compile spreads over); it replies ("ready", whether it walks
+drafts) once its imports and the tokenizer are in place. Run as
 `python -m guided.fsm.mask_shard_worker ADDRESS` (GUIDED_SHARD_AUTHKEY in the environment): it
 connects back to the engine's listener.
 """
@@ -45,7 +47,13 @@ def serve(conn) -> None:
     import torch
     import xgrammar as xgr
 
-    from guided.fsm.backends.xgrammar_backend import TokenBan, XGrammarMatcher, token_ban
+    from guided.fsm.backends.xgrammar_backend import (
+        Recipe,
+        TokenBan,
+        XGrammarMatcher,
+        compile_recipe,
+        token_ban,
+    )
     from guided.fsm.bitmask_fill import (
         allowed_counts,
         apply_bans,
@@ -53,16 +61,18 @@ def serve(conn) -> None:
         rejected_draft,
         traverse_chain,
     )
+    from guided.fsm.compiler import lower_thread_priority
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
     from guided.ngram import NgramIndex
 
     torch.set_num_threads(1)
     try:
-        info_json, drafting = conn.recv()
+        info_json, drafting, idle, compile_threads = conn.recv()
     except (EOFError, OSError):  # the engine exited while this shard was starting
         return
     info = xgr.TokenizerInfo.deserialize_json(info_json)
+    compiler = xgr.GrammarCompiler(info, max_threads=compile_threads, cache_enabled=False)
     encoder = vocab = None
     if drafting is not None:
         try:
@@ -77,16 +87,17 @@ def serve(conn) -> None:
     bans: dict[int, TokenBan] = {}
     mirrors: dict[str, _Mirror] = {}
     mapped: OrderedDict[str, torch.Tensor] = OrderedDict()
-    loader = ThreadPoolExecutor(1, thread_name_prefix="grammar-load")
+    # below the fills, as the engine's compiles are below its step loop (and their threads)
+    loader = ThreadPoolExecutor(2, thread_name_prefix="grammar-load",
+                                initializer=lower_thread_priority, initargs=(10, idle))
     lock = threading.Lock()
     loaded: list[int] = []
     failed: list[int] = []
     batch = xgr.BatchGrammarMatcher(max_threads=1)
 
-    def load(gid: int, path: str) -> None:
+    def load(gid: int, recipe: tuple) -> None:
         try:
-            with open(path) as f:
-                grammar = xgr.CompiledGrammar.deserialize_json(f.read(), info)
+            grammar = compile_recipe(compiler, Recipe(*recipe))
         except Exception:  # noqa: BLE001 - the engine fills this grammar's rows itself
             with lock:
                 failed.append(gid)

@@ -11,28 +11,25 @@ its own work, and collects one reply per shard before the step samples.
 
 The shards also walk their requests' jump-forward drafts (shard_drafts.py), AND the token bans
 into their rows and count each request's last row for lazy masks; shard_grammars.py places the
-mirrors and ships the grammars. The engine keeps its own matchers, so a row is filled (a draft
-walked) in-process whenever a mirror cannot: a shard starting, a grammar being serialized or
-loaded (a cold grammar never waits for shipping), one too large to ship, a shard that failed
-(the engine never depends on a shard being alive). Only xgrammar grammars are shipped
-(CompiledGrammar.serialize_json)."""
+mirrors and sends the grammars, as the recipes they were compiled from (each shard compiles
+its copy). The engine keeps its own matchers, so a row is filled (a draft walked) in-process
+whenever a mirror cannot: a shard starting, a grammar being compiled there (a cold grammar
+never waits for it), one too large to send, a shard that failed (the engine never depends on a
+shard being alive). Only xgrammar grammars go to shards."""
 from __future__ import annotations
 
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
-from guided.fsm.compiler import lower_thread_priority
 from guided.fsm.shard_drafts import ShardDrafts
 from guided.fsm.shard_grammars import MAX_SHIPPED_BYTES, ShardGrammars, _Mirror
 from guided.step_times import StepTimes
@@ -53,8 +50,7 @@ class _Shard:
     num_mirrors: int = 0
     users: Counter = field(default_factory=Counter)  # gid -> mirrors placed here
     loaded: OrderedDict = field(default_factory=OrderedDict)  # gids loaded, least recent first
-    loading: set = field(default_factory=set)  # gids sent or still serializing
-    unsent: list = field(default_factory=list)  # gids to send once serialized
+    loading: set = field(default_factory=set)  # gids sent, not loaded yet
     opens: list = field(default_factory=list)  # (request_id, gid, ban, prompt) for the next message
     closes: list = field(default_factory=list)  # request_ids for the next message
     bans: set = field(default_factory=set)  # ban keys sent
@@ -78,40 +74,32 @@ class PendingFill:
 class MaskShards(ShardDrafts, ShardGrammars):
     def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
                  max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None,
-                 idle: bool = False):
+                 idle: bool = False, compile_threads: int | None = 1):
         """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
         shards to walk jump-forward drafts too (ask_drafts); None: fills only. times: where
-        the busiest shard's seconds a message go (the step loop's waits beside them)."""
+        the busiest shard's seconds a message go (the step loop's waits beside them). idle:
+        the shards compile their grammars under SCHED_IDLE (as the engine's compiles run),
+        each spread over compile_threads threads."""
         self.num_shards = num_shards
         self.times = times
         self.drafting = drafting is not None
         self.max_shipped_bytes = max_shipped_bytes
         self._shards: list[_Shard] = []
         self._lock = threading.RLock()
-        # serialize_json runs without the GIL: a cold wave of grammars ships in parallel
-        # a grammar's file for the shards is seconds of a core for a large one: below the step
-        # loop and the mask threads, as compiles are (idle: under SCHED_IDLE as they are)
-        self._serializer = ThreadPoolExecutor(num_shards, thread_name_prefix="grammar-serialize",
-                                              initializer=lower_thread_priority,
-                                              initargs=(10, idle))
         self._gids: dict[int, tuple] = {}  # id(CompiledGrammar) -> (weak ref to it, gid)
         self._next_gid = 0
-        # gid -> the file its serialized grammar was written to (None: failed), kept until
-        # every shard that wanted it has loaded it: a file, not the pipe, so that a large
-        # grammar never blocks the step loop's send while the shard is busy
-        self._files: dict[int, Future] = {}
-        self._folder = tempfile.mkdtemp(prefix="guided-grammars-")
         self._unshippable: set[int] = set()
         self._mirrors: dict[str, _Mirror] = {}
         self._seq = 0
         self._closed = False
         # spawned off the step loop: a shard imports torch and xgrammar (seconds)
         self._bans: dict[int, frozenset] = {}  # id(ban ids) -> ban ids, as sent to shards
-        self._starter = threading.Thread(target=self._start, args=(tokenizer_info, drafting),
-                                         name="mask-shards-start", daemon=True)
+        self._starter = threading.Thread(
+            target=self._start, args=(tokenizer_info, (drafting, idle, compile_threads or 1)),
+            name="mask-shards-start", daemon=True)
         self._starter.start()
 
-    def _start(self, tokenizer_info, drafting: tuple | None) -> None:
+    def _start(self, tokenizer_info, greeting: tuple) -> None:
         """Each shard is `python -m guided.fsm.mask_shard_worker`, connected back over a local
         socket (not multiprocessing's spawn, which re-imports the caller's __main__)."""
         try:
@@ -125,7 +113,7 @@ class MaskShards(ShardDrafts, ShardGrammars):
                         [sys.executable, "-m", "guided.fsm.mask_shard_worker", listener.address],
                         env=env, stdin=subprocess.DEVNULL)
                     conn = listener.accept()
-                    conn.send((info_json, drafting))
+                    conn.send((info_json, *greeting))
                     with self._lock:
                         if self._closed:
                             process.kill()
@@ -188,7 +176,6 @@ class MaskShards(ShardDrafts, ShardGrammars):
             live = self._live() if segment is not None else []
             if not live:
                 return [(r.matcher, d, first) for r, d, first in entries], [], None
-            self._send_loads(live)
             local: list[Entry] = []
             fills: dict[_Shard, tuple[list, list[Entry]]] = {}
             mirrors = self._mirrors
@@ -209,7 +196,7 @@ class MaskShards(ShardDrafts, ShardGrammars):
                 mine.append((request.matcher, drafts, first))
                 mirror.synced = len(out)
             for shard in live:  # a shard loading grammars is asked for news each step
-                if shard not in fills and shard.loading.difference(shard.unsent):
+                if shard not in fills and shard.loading:
                     fills[shard] = ([], [])
             path, capacity = segment
             sent = []
@@ -256,11 +243,9 @@ class MaskShards(ShardDrafts, ShardGrammars):
                 for gid in loaded:
                     shard.loading.discard(gid)
                     shard.loaded[gid] = None
-                    self._shipped(gid)
                 for gid in bad:
                     shard.loading.discard(gid)
                     self._unshippable.add(gid)
-                    self._shipped(gid)
                 if problem is None:
                     widths.update((first + len(drafts), count)
                                   for (_, drafts, first), count in zip(mine, counts))
@@ -300,5 +285,3 @@ class MaskShards(ShardDrafts, ShardGrammars):
                 shard.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 shard.process.kill()
-        self._serializer.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self._folder, ignore_errors=True)

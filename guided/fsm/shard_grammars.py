@@ -1,10 +1,9 @@
 """The grammar half of the mask shards' bookkeeping (guided/fsm/mask_shards.py): where a
-request's mirror is placed, which compiled grammars each shard holds, and shipping them there
-(serialized to files on background threads, loaded by the shard beside its fills)."""
+request's mirror is placed, which grammars each shard holds, and sending them there (as the
+recipe the engine compiled each from: the shard compiles its own copy beside its fills)."""
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,8 +13,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# larger compiled grammars stay in-process: serializing takes ~0.15 s/MB (of memory_size_bytes)
-# on the background threads; the costly rows (a random 8B model's long strings) are often theirs
+# larger compiled grammars stay in-process: a shard's compile of its copy takes as long as the
+# engine's (tens of seconds of a core at this size); the costly rows (a random 8B model's long
+# strings) are often theirs
 MAX_SHIPPED_BYTES = 32 << 20
 CACHED_GRAMMARS = 256  # unused grammars a shard keeps loaded for the next request
 PLACEMENT_SLACK = 16  # see _place
@@ -47,7 +47,8 @@ class ShardGrammars:
 
     def _place(self, matcher, live: list[_Shard]) -> _Mirror:
         compiled = getattr(matcher, "compiled", None)
-        if compiled is None:  # not an xgrammar matcher: nothing to ship
+        recipe = getattr(matcher, "recipe", None)
+        if compiled is None or recipe is None:  # not an xgrammar matcher: nothing to send
             return _Mirror(None, -1)
         known = self._gids.get(id(compiled))
         if known is not None and known[0]() is compiled:
@@ -65,7 +66,7 @@ class ShardGrammars:
                 self._unshippable.add(gid)
             return _Mirror(None, gid)
         # where the grammar is (being) loaded, unless that shard is far busier than the
-        # emptiest: a row filled in-process while a grammar ships costs more than imbalance
+        # emptiest: a row filled in-process while a grammar compiles costs more than imbalance
         best = min(live, key=lambda s: s.num_mirrors)
         having = [s for s in live if gid in s.loaded or gid in s.loading]
         if having:
@@ -73,56 +74,15 @@ class ShardGrammars:
             if closest.num_mirrors <= 2 * best.num_mirrors + PLACEMENT_SLACK:
                 best = closest
         if gid not in best.loaded and gid not in best.loading:
+            try:
+                best.conn.send(("load", gid, tuple(recipe)))
+            except (OSError, ValueError):
+                self._fail(best, "its pipe closed")
+                return _Mirror(None, gid)
             best.loading.add(gid)
-            best.unsent.append(gid)
-            if gid not in self._files:
-                self._files[gid] = self._serializer.submit(self._serialize, compiled, gid)
         best.num_mirrors += 1
         best.users[gid] += 1
         return _Mirror(best, gid)
-
-    def _serialize(self, compiled, gid: int) -> str | None:
-        try:
-            path = os.path.join(self._folder, f"{gid}.json")
-            with open(path, "w") as f:
-                f.write(compiled.serialize_json())
-            return path
-        except Exception:  # noqa: BLE001 - filled in-process
-            log.exception("cannot serialize a grammar for the mask shards")
-            return None
-
-    def _send_loads(self, live: list[_Shard]) -> None:
-        """Grammars serialized since the last step go to the shards that wait for them."""
-        for shard in live:
-            waiting = []
-            for gid in shard.unsent:
-                future = self._files[gid]
-                if not future.done():
-                    waiting.append(gid)
-                    continue
-                path = future.result()
-                if path is None:
-                    self._unshippable.add(gid)
-                    shard.loading.discard(gid)
-                    continue
-                try:
-                    shard.conn.send(("load", gid, path))
-                except (OSError, ValueError):
-                    self._fail(shard, "its pipe closed")
-                    break
-            shard.unsent = waiting
-
-    def _shipped(self, gid: int) -> None:
-        """A shard loaded the grammar (or failed to): its file goes once no shard waits."""
-        if any(gid in shard.loading for shard in self._shards if not shard.dead):
-            return
-        future = self._files.pop(gid, None)
-        path = None if future is None or not future.done() else future.result()
-        if path is not None:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
     def _evict(self, shard: _Shard) -> None:
         unused = [gid for gid in shard.loaded if shard.users[gid] <= 0]

@@ -200,6 +200,14 @@ def default_compile_threads(*, sched_idle: bool, num_cpus: int) -> int:
     return max(4, num_cpus * 3 // 4) if sched_idle else 4
 
 
+def default_xgrammar_threads(*, sched_idle: bool, num_cpus: int) -> int:
+    """Threads one xgrammar compile spreads over when the config leaves it open: where compiles
+    take idle cores only (SCHED_IDLE), up to 8 (half the CPUs), so that a cold wave's few
+    large schemas (seconds of a core each: its tail) compile in a fraction of that; elsewhere
+    1, beside a forward pass that wants every core."""
+    return max(1, min(8, num_cpus // 2)) if sched_idle else 1
+
+
 def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
     """config with its open compile settings (None) resolved by the defaults above: what the
     grammar compiler runs with."""
@@ -210,4 +218,6 @@ def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
         schema_processes=(default_schema_processes(on_gpu=on_gpu, num_cpus=num_cpus)
                           if config.schema_processes is None else config.schema_processes),
         compile_threads=(default_compile_threads(sched_idle=idle, num_cpus=num_cpus)
-                         if config.compile_threads is None else config.compile_threads))
+                         if config.compile_threads is None else config.compile_threads),
+        xgrammar_threads=(default_xgrammar_threads(sched_idle=idle, num_cpus=num_cpus)
+                          if config.xgrammar_threads is None else config.xgrammar_threads))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from guided.fsm.backends.xgrammar_backend import token_ban
+from guided.fsm.backends.xgrammar_backend import Recipe, token_ban
 from guided.fsm.bitmask_fill import allowed_counts, fill_draft_rows
 from guided.fsm.mask_shards import MaskShards
 from guided.params import ConstraintSpec
@@ -172,3 +172,20 @@ def test_a_shard_ands_its_rows_ban_and_counts_them_before_it(compiler, tokenizer
     assert not torch.equal(bitmask[:half], bitmask[half:])  # the ban cleared bits
     assert counted[half - 1] == counted[rows - 1]  # counted before the ban
     assert counted[rows - 1] == allowed_counts(expected, [rows - 1])[0]
+
+
+def test_a_grammar_a_shard_cannot_compile_stays_in_process(compiler, tokenizer, shards, buffer):
+    r = request(compiler, tokenizer, REGEX, "r0", "abc")
+    r.matcher.recipe = Recipe("grammar", 'root ::= "never closed')  # the shard's compile fails
+    bitmask = buffer.take(1)
+    segment = buffer.segment_of(bitmask)
+    deadline = time.monotonic() + 60
+    while not shards._unshippable:  # the shard's failure comes back with a step's reply
+        local, remote, pending = shards.dispatch([(r, [], 0)], segment)
+        assert len(local) == 1 and not remote
+        if pending is not None:
+            assert pending.wait()[:2] == ([], None)
+        assert time.monotonic() < deadline, "the shard never reported its failed compile"
+        time.sleep(0.02)
+    local, remote, pending = shards.dispatch([(r, [], 0)], segment)
+    assert len(local) == 1 and not remote and pending is None  # in-process for good

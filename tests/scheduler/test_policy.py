@@ -144,13 +144,22 @@ def test_compile_threads_by_default_take_idle_cores_only_where_they_are_idle_cla
     assert policy.default_compile_threads(sched_idle=False, num_cpus=64) == 4
 
 
+def test_one_xgrammar_compile_spreads_over_idle_cores_only_where_compiles_are_idle_class():
+    assert policy.default_xgrammar_threads(sched_idle=True, num_cpus=16) == 8
+    assert policy.default_xgrammar_threads(sched_idle=True, num_cpus=6) == 3
+    assert policy.default_xgrammar_threads(sched_idle=False, num_cpus=64) == 1
+
+
 def test_resolve_compile_config_fills_only_what_the_config_leaves_open():
     from guided.config import EngineConfig
 
     gpu = policy.resolve_compile_config(EngineConfig(), on_gpu=True, num_cpus=16)
-    assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes) == (True, 12, 4)
+    assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes,
+            gpu.xgrammar_threads) == (True, 12, 4, 8)
     cpu = policy.resolve_compile_config(EngineConfig(), on_gpu=False, num_cpus=16)
-    assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes) == (False, 4, 0)
-    mine = policy.resolve_compile_config(EngineConfig(compile_threads=3, compile_sched_idle=False),
-                                         on_gpu=True, num_cpus=16)
-    assert (mine.compile_sched_idle, mine.compile_threads) == (False, 3)
+    assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes,
+            cpu.xgrammar_threads) == (False, 4, 0, 1)
+    mine = policy.resolve_compile_config(
+        EngineConfig(compile_threads=3, compile_sched_idle=False, xgrammar_threads=2),
+        on_gpu=True, num_cpus=16)
+    assert (mine.compile_sched_idle, mine.compile_threads, mine.xgrammar_threads) == (False, 3, 2)

@@ -58,6 +58,55 @@ def has_long_repetition(compiled: xgr.CompiledGrammar) -> bool:
                                    for m, n in _COUNTS.findall(text))
 
 
+class Recipe(NamedTuple):
+    """What an xgrammar grammar is compiled from: a mask shard compiles the same recipe with the
+    same tokenizer into the same grammar (compile_recipe), rather than be sent the compiled one
+    (serializing it cost the engine's process ~20 ms of GIL a large grammar and ~0.3 s/MB of
+    a core)."""
+    kind: str  # "json_schema" (checked by check_schema) | "json_object" | "regex" | "grammar"
+    source: str  # the schema as JSON, the regex or the EBNF ("" for json_object)
+    any_whitespace: bool = False
+    max_whitespace: int = 2
+
+
+def grammar_of(recipe: Recipe) -> xgr.Grammar:
+    """The recipe's grammar; long counted strings compiled as character budgets
+    (char_budgets.py). Raises xgrammar's errors."""
+    if recipe.any_whitespace:
+        options = {"any_whitespace": True, "max_whitespace_cnt": recipe.max_whitespace}
+    else:
+        options = {"any_whitespace": False}  # compact separators ", " and ": "
+    if recipe.kind == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', strict_mode=False, **options)
+    if recipe.kind == "json_schema":
+        grammar = xgr.Grammar.from_json_schema(recipe.source, strict_mode=True, **options)
+    elif recipe.kind == "regex":
+        grammar = xgr.Grammar.from_regex(fix_optional_groups(recipe.source))
+    elif recipe.kind == "grammar":
+        grammar = xgr.Grammar.from_ebnf(recipe.source, root_rule_name="root")
+    else:
+        raise ValueError(f"no xgrammar recipe for {recipe.kind!r}")
+    budgeted = budget_long_repetitions(str(grammar))
+    if budgeted is not None:
+        try:
+            grammar = xgr.Grammar.from_ebnf(budgeted)
+        except Exception:  # noqa: BLE001 - e.g. a user's rule named like a budget: as is
+            log.warning("character budgets did not parse; compiling the grammar as it is")
+    return grammar
+
+
+def compile_recipe(compiler: xgr.GrammarCompiler, recipe: Recipe) -> xgr.CompiledGrammar:
+    """The recipe compiled; xgrammar's errors as ConstraintError naming the problem."""
+    try:
+        return compiler.compile_grammar(grammar_of(recipe))
+    except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+        message = str(e).strip().splitlines()
+        detail = message[0] if message else type(e).__name__
+        if "]" in detail and detail.startswith("["):  # drop the "[time] file.cc:line:" head
+            detail = detail.split(": ", 1)[-1]
+        raise ConstraintError(f"cannot compile {recipe.kind}: {detail}") from None
+
+
 class XGrammarBackend:
     """Compiles specs with one xgrammar GrammarCompiler. Thread-safe: compiles run in parallel
     threads and release the GIL. xgrammar's own cache is off: GrammarCompiler keeps an LRU."""
@@ -70,7 +119,8 @@ class XGrammarBackend:
         self.tokenizer_info = xgr.TokenizerInfo(
             vocab.token_bytes, xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
             stop_token_ids=list(vocab.eos_token_ids))
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info,
+                                            max_threads=config.xgrammar_threads or 1,
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
         self._json_string_ban: TokenBan | None = None
@@ -108,69 +158,35 @@ class XGrammarBackend:
                     self.vocab.vocab_size)
             return self._json_string_ban
 
-    def json_options(self) -> dict:
-        if self.config.any_whitespace:
-            return {"any_whitespace": True, "max_whitespace_cnt": self.config.max_whitespace}
-        return {"any_whitespace": False}  # compact separators ", " and ": "
+    def recipe(self, kind: str, source: str = "") -> Recipe:
+        """kind: "json_schema" (source: a schema check_schema has rewritten, as JSON: the
+        compiler checks it once, for whichever backend then serves it), "json_object",
+        "regex" or "grammar" (xgrammar's GBNF-style EBNF, as llama.cpp / vLLM / SGLang accept:
+        rules `name ::= expr`, the start rule named `root`, "literals" with JSON-style
+        escapes, [a-z] / [^...] character classes, grouping ( ), alternation |, repetition
+        * + ? {m,n}, # comments; Lark syntax (`start:`, `%import`) is not accepted)."""
+        return Recipe(kind, source, self.config.any_whitespace, self.config.max_whitespace)
+
+    def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
+        return compile_recipe(self.compiler, recipe)
 
     def compile_checked_schema(self, schema: dict) -> xgr.CompiledGrammar:
-        """A schema check_schema has rewritten already (the compiler checks it once, for
-        whichever backend then serves it)."""
-        return self._run(lambda: self._compile(xgr.Grammar.from_json_schema(
-            json.dumps(schema), strict_mode=True, **self.json_options())), "json_schema")
-
-    def compile_json_object(self) -> xgr.CompiledGrammar:
-        return self._run(lambda: self.compiler.compile_json_schema(
-            '{"type": "object"}', strict_mode=False, **self.json_options()), "json_object")
-
-    def compile_regex(self, pattern: str) -> xgr.CompiledGrammar:
-        fixed = fix_optional_groups(pattern)
-        return self._run(lambda: self._compile(xgr.Grammar.from_regex(fixed)), "regex")
-
-    def compile_grammar(self, ebnf: str) -> xgr.CompiledGrammar:
-        """xgrammar's GBNF-style EBNF (as llama.cpp / vLLM / SGLang accept): rules
-        `name ::= expr`, the start rule named `root`, "literals" with JSON-style escapes,
-        [a-z] / [^...] character classes, grouping ( ), alternation |, repetition * + ? {m,n},
-        # comments. Lark syntax (`start:`, `%import`) is not accepted."""
-        return self._run(
-            lambda: self._compile(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")), "grammar")
-
-    def _compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
-        """Long counted strings are compiled as character budgets (char_budgets.py)."""
-        budgeted = budget_long_repetitions(str(grammar))
-        if budgeted is not None:
-            try:
-                grammar = xgr.Grammar.from_ebnf(budgeted)
-            except Exception:  # noqa: BLE001 - e.g. a user's rule named like a budget: as is
-                log.warning("character budgets did not parse; compiling the grammar as it is")
-        return self.compiler.compile_grammar(grammar)
-
-    @staticmethod
-    def _run(compile_fn, kind: str) -> xgr.CompiledGrammar:
-        try:
-            return compile_fn()
-        except ConstraintError:
-            raise
-        except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
-            message = str(e).strip().splitlines()
-            detail = message[0] if message else type(e).__name__
-            if "]" in detail and detail.startswith("["):  # drop the "[time] file.cc:line:" head
-                detail = detail.split(": ", 1)[-1]
-            raise ConstraintError(f"cannot compile {kind}: {detail}") from None
+        return self.compile(self.recipe("json_schema", json.dumps(schema)))
 
 
 class XGrammarMatcher(Matcher):
     __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled",
-                 "heavy", "string_ban")
+                 "heavy", "recipe", "string_ban")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None, string_ban: TokenBan | None = None,
-                 heavy: bool = False):
+                 heavy: bool = False, recipe: Recipe | None = None):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         # the C++ matcher itself for the calls the step loop makes per token, past xgrammar's
         # Python wrappers (an xgrammar without it fails here, in every matcher test)
         self._handle = self._matcher._handle
         self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
+        self.recipe = recipe  # what it was compiled from (a mask shard compiles it too), or None
         self.heavy = heavy  # see Matcher.heavy
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
