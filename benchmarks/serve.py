@@ -51,6 +51,7 @@ class Result:
     finish_reason: str | None = None
     constrained: bool = False  # json / tools: the answer is checked
     invalid: str | None = None  # why a constrained answer is invalid (None: valid or n/a)
+    sent: float = 0.0  # perf_counter() when the request went out
 
 
 # ---- one request --------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ async def send(client: httpx.AsyncClient, model: str, item: WorkItem, args) -> R
     if args.ignore_eos:
         body["ignore_eos"] = True
     res, text, calls = Result(), [], {}
-    start = last = time.perf_counter()
+    start = last = res.sent = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -323,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="")
     p.add_argument("--json-out", type=Path, help="append the rows (JSON lines) to this file")
+    p.add_argument("--timeline-out", type=Path,
+                   help="append one JSON line per request to this file: when it was sent, its "
+                        "TTFT and latency (s, from the start of its load), tokens, error")
     return p
 
 
@@ -352,9 +356,20 @@ async def bench(url: str, items: list[WorkItem], args) -> list[dict]:
                             workload=Path(args.workload).stem, load=name, model=model,
                             max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
             rows.append(row)
+            if args.timeline_out:
+                write_timeline(args.timeline_out, results, start, label=args.label, load=name)
             for reason in row["error_examples"] + row["invalid_examples"]:
                 print(f"  [{name}] {reason}", file=sys.stderr)
         return rows
+
+
+def write_timeline(path: Path, results: list[Result], start: float, **labels) -> None:
+    """One line per request, in workload order: where a pass's time went (its tail)."""
+    with path.open("a", encoding="utf-8") as f:
+        for i, r in enumerate(results):
+            f.write(json.dumps({**labels, "index": i, "sent": round(r.sent - start, 4),
+                                "ttft": round(r.ttft, 4), "latency": round(r.latency, 4),
+                                "tokens": r.completion_tokens, "error": r.error}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
