@@ -85,10 +85,6 @@ class EngineConfig:
     # takes ~0.3 ms a position to build, seconds for the largest) is served by xgrammar at
     # once while its DFA compiles in the background; its requests after that get the DFA
     dfa_max_wait_size: int = 1000
-    # ... and while at most this many compiles wait for a thread: in a cold wave of new schemas
-    # xgrammar (~5x cheaper to compile) serves them first (policy.waits_for_dfa). None: 0 where
-    # compiles run under SCHED_IDLE (a GPU host), else no limit (policy.default_dfa_max_wait_queue)
-    dfa_max_wait_queue: int | None = None
     dfa_upgrade_threads: int = 1  # threads building those DFAs in the background
     max_grammar_bytes: int = 1_000_000
     mask_threads: int = 8  # threads filling grammar masks (capped by the CPU count)
@@ -178,8 +174,6 @@ class EngineConfig:
         need(self.schema_processes is None or self.schema_processes >= 0,
              "schema_processes must be >= 0 (or None)", "schema_processes")
         need(self.dfa_max_wait_size >= 0, "dfa_max_wait_size must be >= 0", "dfa_max_wait_size")
-        need(self.dfa_max_wait_queue is None or self.dfa_max_wait_queue >= 0,
-             "dfa_max_wait_queue must be >= 0 (or None)", "dfa_max_wait_queue")
         need(self.compile_threads is None or self.compile_threads >= 1,
              "compile_threads must be >= 1 (or None)", "compile_threads")
         need(self.xgrammar_threads is None or self.xgrammar_threads >= 1,

@@ -32,7 +32,6 @@ from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.vocab import TokenVocab
 from guided.params import ConstraintSpec
-from guided.scheduler.policy import waits_for_dfa
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
 log = logging.getLogger(__name__)
@@ -182,10 +181,7 @@ class GrammarCompiler:
                         if self._schema_workers is None
                         else self._schema_workers.analyse(spec.value, want_regex=want_regex))
             schema, regex = analysed.schema, analysed.regex
-            if regex is not None and waits_for_dfa(
-                    analysed.size, self._pool.num_queued,
-                    max_wait_size=self.config.dfa_max_wait_size,
-                    max_wait_queue=self.config.dfa_max_wait_queue):
+            if regex is not None and analysed.size <= self.config.dfa_max_wait_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa
@@ -307,12 +303,6 @@ class WatchdogPool:
     def num_abandoned(self) -> int:
         with self._cond:
             return len(self._abandoned)
-
-    @property
-    def num_queued(self) -> int:
-        """Jobs waiting for a worker."""
-        with self._cond:
-            return len(self._jobs)
 
     @property
     def num_threads(self) -> int:

@@ -208,17 +208,6 @@ def default_xgrammar_threads(*, sched_idle: bool, num_cpus: int) -> int:
     return max(1, min(8, num_cpus // 2)) if sched_idle else 1
 
 
-NO_LIMIT = 2**31 - 1
-
-
-def default_dfa_max_wait_queue(*, sched_idle: bool) -> int:
-    """Compiles that may wait for a thread while a new regular schema still waits for its DFA,
-    when the config leaves it open: none where compiles take idle cores (a GPU host serving
-    a cold wave: xgrammar first, DFA in the background), else no limit (tests and CPU serving
-    keep one backend per schema whatever the load)."""
-    return 0 if sched_idle else NO_LIMIT
-
-
 def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
     """config with its open compile settings (None) resolved by the defaults above: what the
     grammar compiler runs with."""
@@ -231,19 +220,4 @@ def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
         compile_threads=(default_compile_threads(sched_idle=idle, num_cpus=num_cpus)
                          if config.compile_threads is None else config.compile_threads),
         xgrammar_threads=(default_xgrammar_threads(sched_idle=idle, num_cpus=num_cpus)
-                          if config.xgrammar_threads is None else config.xgrammar_threads),
-        dfa_max_wait_queue=(default_dfa_max_wait_queue(sched_idle=idle)
-                            if config.dfa_max_wait_queue is None
-                            else config.dfa_max_wait_queue))
-
-
-def waits_for_dfa(size: float, queued: int, *, max_wait_size: float,
-                  max_wait_queue: int | None) -> bool:
-    """Whether a regular schema's first requests wait for its token-level DFA (else xgrammar
-    serves them at once while the DFA builds in the background): while its regex is small
-    enough (size: regex_size's positions) and at most max_wait_queue compiles wait for a
-    thread. An outlines-core index costs ~5x xgrammar's compile of the same schema (median
-    40 ms against 6 ms on this repo's JSON workload), and in a cold wave of new schemas those
-    builds were the compile threads' time (benchmarks/compile_contention.py under py-spy)."""
-    return size <= max_wait_size and queued <= (NO_LIMIT if max_wait_queue is None
-                                                else max_wait_queue)
+                          if config.xgrammar_threads is None else config.xgrammar_threads))

@@ -3,7 +3,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import Future
 
 import pytest
 
@@ -245,25 +244,3 @@ def test_a_required_name_behind_a_custom_ref_is_enforced(compiler):
     assert not matcher.accept_bytes(b"}")  # "location" is still missing
     matcher = grammar.matcher()
     assert matcher.accept_bytes(b'{"gw": {"name": "a", "location": 1}}')
-
-
-def test_a_backlog_of_compiles_serves_a_regular_schema_on_xgrammar_while_its_dfa_builds(
-        tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=49152,
-                        config=EngineConfig(compile_threads=1, dfa_max_wait_queue=0))
-    try:
-        release = threading.Event()
-        # the one thread busy: what follows queues behind it
-        c._pool.submit(Future(), release.wait, label="blocker")
-        first = c.submit(ConstraintSpec.json_schema({"type": "integer", "minimum": 3}))
-        second = c.submit(ConstraintSpec.json_schema({"type": "boolean"}))
-        release.set()
-        first, second = first.result(timeout=60), second.result(timeout=60)
-        assert first.backend == "xgrammar" and first.upgrade is not None  # one compile queued
-        assert second.backend == "dfa"  # nothing queued behind it
-        first.upgrade.result(timeout=60)
-        matcher = first.matcher()  # the DFA once built
-        assert first.backend == "dfa" and matcher.accept_token(tokenizer.encode(
-            "7", add_special_tokens=False)[0])
-    finally:
-        c.shutdown()

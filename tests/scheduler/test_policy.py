@@ -163,12 +163,3 @@ def test_resolve_compile_config_fills_only_what_the_config_leaves_open():
         EngineConfig(compile_threads=3, compile_sched_idle=False, xgrammar_threads=2),
         on_gpu=True, num_cpus=16)
     assert (mine.compile_sched_idle, mine.compile_threads, mine.xgrammar_threads) == (False, 3, 2)
-
-
-def test_a_new_schema_waits_for_its_dfa_only_while_small_and_compiles_have_no_backlog():
-    assert policy.waits_for_dfa(500, 0, max_wait_size=1000, max_wait_queue=0)
-    assert not policy.waits_for_dfa(500, 1, max_wait_size=1000, max_wait_queue=0)
-    assert not policy.waits_for_dfa(1500, 0, max_wait_size=1000, max_wait_queue=0)
-    assert policy.waits_for_dfa(500, 10**6, max_wait_size=1000, max_wait_queue=None)
-    assert policy.default_dfa_max_wait_queue(sched_idle=True) == 0
-    assert policy.default_dfa_max_wait_queue(sched_idle=False) == policy.NO_LIMIT
