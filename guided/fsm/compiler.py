@@ -32,6 +32,7 @@ from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.vocab import TokenVocab
 from guided.params import ConstraintSpec
+from guided.scheduler.policy import default_dfa_max_wait_size
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
 log = logging.getLogger(__name__)
@@ -63,13 +64,16 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
                  regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
-        """config's open compile settings (None) are 4 threads, in-thread schema checks and no
-        SCHED_IDLE here; the engine resolves them first (policy.resolve_compile_config)."""
+        """config's open compile settings (None) are a CPU host's here (4 threads, no schema
+        processes); the engine resolves them first (policy.resolve_compile_config)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
         self.config = config
+        wait = config.dfa_max_wait_size
+        self.dfa_max_wait_size = (default_dfa_max_wait_size(sched_idle=False) if wait is None
+                                  else wait)
         self.regex_backend = regex_backend
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
         self._xgrammar = XGrammarBackend(self.vocab, config)
@@ -139,10 +143,6 @@ class GrammarCompiler:
         """The xgrammar TokenizerInfo its grammars are compiled for (mask shards load it)."""
         return self._xgrammar.tokenizer_info
 
-    def cache_len(self) -> int:
-        with self._lock:
-            return len(self._cache)
-
     # ---- compiling ------------------------------------------------------------------------
     def _precheck(self, spec: ConstraintSpec) -> str | None:
         if not isinstance(spec, ConstraintSpec):
@@ -181,7 +181,7 @@ class GrammarCompiler:
                         if self._schema_workers is None
                         else self._schema_workers.analyse(spec.value, want_regex=want_regex))
             schema, regex = analysed.schema, analysed.regex
-            if regex is not None and analysed.size <= self.config.dfa_max_wait_size:
+            if regex is not None and analysed.size <= self.dfa_max_wait_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa

@@ -208,6 +208,19 @@ def default_xgrammar_threads(*, sched_idle: bool, num_cpus: int) -> int:
     return max(1, min(8, num_cpus // 2)) if sched_idle else 1
 
 
+def default_dfa_max_wait_size(*, sched_idle: bool) -> int:
+    """The regex size up to which a new regular schema's first requests wait for its token-level
+    DFA, when the config leaves it open. Where compiles take idle cores (a GPU host) none do:
+    xgrammar serves each new schema at once while its DFA builds in the background, because an
+    outlines-core index costs ~5x xgrammar's compile of the same schema (median 40 ms against
+    6 ms, benchmarks/compile_vs_baseline.py), and in a cold wave those builds were the compile
+    threads' time (benchmarks/compile_contention.py under py-spy) and the wave the pass's
+    length (H200 host of 16 CPUs, default model, every schema new at 64, RESULTS session 30:
+    6510.4 tok/s against 5710.2 waiting up to 1000). Elsewhere 1000: a DFA that builds in
+    well under a second is worth its wait where fills are the step loop's."""
+    return 0 if sched_idle else 1000
+
+
 def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
     """config with its open compile settings (None) resolved by the defaults above: what the
     grammar compiler runs with."""
@@ -220,4 +233,6 @@ def resolve_compile_config(config, *, on_gpu: bool, num_cpus: int):
         compile_threads=(default_compile_threads(sched_idle=idle, num_cpus=num_cpus)
                          if config.compile_threads is None else config.compile_threads),
         xgrammar_threads=(default_xgrammar_threads(sched_idle=idle, num_cpus=num_cpus)
-                          if config.xgrammar_threads is None else config.xgrammar_threads))
+                          if config.xgrammar_threads is None else config.xgrammar_threads),
+        dfa_max_wait_size=(default_dfa_max_wait_size(sched_idle=idle)
+                           if config.dfa_max_wait_size is None else config.dfa_max_wait_size))

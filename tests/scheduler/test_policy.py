@@ -155,10 +155,10 @@ def test_resolve_compile_config_fills_only_what_the_config_leaves_open():
 
     gpu = policy.resolve_compile_config(EngineConfig(), on_gpu=True, num_cpus=16)
     assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes,
-            gpu.xgrammar_threads) == (True, 12, 4, 8)
+            gpu.xgrammar_threads, gpu.dfa_max_wait_size) == (True, 12, 4, 8, 0)
     cpu = policy.resolve_compile_config(EngineConfig(), on_gpu=False, num_cpus=16)
     assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes,
-            cpu.xgrammar_threads) == (False, 4, 0, 1)
+            cpu.xgrammar_threads, cpu.dfa_max_wait_size) == (False, 4, 0, 1, 1000)
     mine = policy.resolve_compile_config(
         EngineConfig(compile_threads=3, compile_sched_idle=False, xgrammar_threads=2),
         on_gpu=True, num_cpus=16)
