@@ -76,10 +76,6 @@ class EngineConfig:
     # (policy.default_schema_processes), else 0
     schema_processes: int | None = None
     compile_timeout_s: float = 30.0
-    # the engine process's GIL switch interval (sys.setswitchinterval), in ms: how long the step
-    # loop may wait for the GIL that another of its threads took while the loop was in a
-    # GIL-releasing call (xgrammar's); None: Python's 5 ms
-    gil_switch_interval_ms: float | None = None
     grammar_cache_size: int = 512
     # JSON schemas whose language is regular compile to a token-level DFA (outlines-core)
     # instead of xgrammar's grammar: a state's mask row is written once, then copied (~1 us
@@ -185,8 +181,6 @@ class EngineConfig:
              "compile_threads must be >= 1 (or None)", "compile_threads")
         need(self.xgrammar_threads is None or self.xgrammar_threads >= 1,
              "xgrammar_threads must be >= 1 (or None)", "xgrammar_threads")
-        need(self.gil_switch_interval_ms is None or self.gil_switch_interval_ms > 0,
-             "gil_switch_interval_ms must be > 0 (or None)", "gil_switch_interval_ms")
         need(self.dfa_upgrade_threads >= 1, "dfa_upgrade_threads must be >= 1",
              "dfa_upgrade_threads")
         need(self.device_dfa_max_rows >= 1 and self.device_dfa_max_exceptions >= 1,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -148,8 +147,6 @@ def main(config, commands, events, log_level: str = "info") -> None:
     # reaches the whole process group, and a server that dies closes the pipe (EOF: stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if config.gil_switch_interval_ms is not None:
-        sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
     lock = threading.Lock()
 
     def send(message) -> None:
