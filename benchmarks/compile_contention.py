@@ -2,7 +2,8 @@
 fixed step-like workload (Python bookkeeping and a numpy row gather, ~1 ms) while the grammar
 compiler, configured as the server resolves it on this host, compiles a workload's schemas
 (every one new). Prints one table: the probe's time per iteration alone and during the wave,
-the wave's wall time and the compile threads' CPU time.
+the wave's wall time and the CPU time of the compile threads (xgrammar's pools included, the
+schema worker processes not).
 
     python benchmarks/compile_contention.py --workload .work/json.jsonl --num-requests 512
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import statistics
 import sys
 import threading
@@ -56,19 +58,11 @@ def run_probe(seconds: float, stop: threading.Event | None = None) -> list[float
     return times
 
 
-def thread_cpu_seconds() -> float:
-    """CPU seconds of this process's threads but the caller's (the compile threads')."""
-    me = threading.get_native_id()
-    total = 0.0
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) == me:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0]) / 1e9
-        except OSError:
-            pass
-    return total
+def process_cpu_seconds() -> float:
+    """CPU seconds of every thread this process ran, ended ones included (xgrammar's compile
+    pools come and go): not the schema worker processes'."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -92,8 +86,14 @@ def main() -> None:
 
     stop = threading.Event()
     during: list[float] = []
-    probe = threading.Thread(target=lambda: during.extend(run_probe(3600, stop)))
-    cpu_before = thread_cpu_seconds()
+    probe_cpu = [0.0]
+
+    def probe_during() -> None:
+        during.extend(run_probe(3600, stop))
+        probe_cpu[0] = time.thread_time()
+
+    probe = threading.Thread(target=probe_during)
+    cpu_before, main_before = process_cpu_seconds(), time.thread_time()
     start = time.perf_counter()
     probe.start()
     futures = [compiler.submit(ConstraintSpec.json_schema(s)) for s in schemas]
@@ -103,7 +103,9 @@ def main() -> None:
     wall = time.perf_counter() - start
     stop.set()
     probe.join()
-    cpu = thread_cpu_seconds() - cpu_before
+    # the compile threads' and their pools': all but the probe's and this waiting thread's
+    cpu = (process_cpu_seconds() - cpu_before - probe_cpu[0]
+           - (time.thread_time() - main_before))
     print(file=sys.stderr)
     compiler.shutdown()
 

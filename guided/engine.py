@@ -107,15 +107,14 @@ class Engine:
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
                                              config=self.compile_config)
             if self.mask_processes:
-                vocab = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
+                v = self._compiler.vocab  # the shards walk drafts too, given the tokenizer
                 drafting = None if self._encoder.backend_json is None else (
-                    self._encoder.backend_json, vocab.token_bytes, vocab.eos_token_ids,
-                    self._special_ids)
-                compiling = self.compile_config
+                    self._encoder.backend_json, v.token_bytes, v.eos_token_ids, self._special_ids)
                 self._shards = MaskShards(
                     self._compiler.xgrammar_tokenizer_info, self.mask_processes,
-                    drafting=drafting, times=self.step_times, idle=compiling.compile_sched_idle,
-                    compile_threads=compiling.xgrammar_threads)
+                    drafting=drafting, times=self.step_times,
+                    idle=self.compile_config.compile_sched_idle,
+                    compile_threads=self.compile_config.xgrammar_threads)
         return self._compiler
 
     @property
