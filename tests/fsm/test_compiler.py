@@ -8,7 +8,8 @@ import pytest
 
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
-from guided.fsm.compiler import CompiledGrammar, GrammarCompiler, WatchdogPool
+from guided.fsm.compiler import CompiledGrammar, GrammarCompiler
+from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
 
 

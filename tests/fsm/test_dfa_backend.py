@@ -240,3 +240,17 @@ def test_a_large_schema_is_served_by_xgrammar_until_its_dfa_is_in(tokenizer, mon
         assert grammar.backend == "xgrammar" and grammar.upgrade is None
     finally:
         not_regular.shutdown()
+
+
+def test_past_the_queued_upgrades_cap_a_new_schema_stays_on_xgrammar(tokenizer, monkeypatch):
+    import guided.fsm.compiler as compiler_module
+
+    monkeypatch.setattr(compiler_module, "MAX_QUEUED_UPGRADES", 0)  # the queue counts as full
+    compiler = GrammarCompiler(tokenizer, vocab_size=49152,
+                               config=EngineConfig(dfa_max_wait_size=0))
+    try:
+        grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
+        assert grammar.backend == "xgrammar" and grammar.upgrade is None
+        assert grammar.matcher().accept_bytes(b'{"name": "Ann", "role": "user", "tags": ["ab"]}')
+    finally:
+        compiler.shutdown()
