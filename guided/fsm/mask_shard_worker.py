@@ -244,6 +244,9 @@ def main() -> None:
         serve(conn)
     finally:
         conn.close()
+    # at once: the loader's queued compiles (seconds each) would otherwise run to the end
+    # first, in a process nobody reads any more (an engine killed outright included)
+    os._exit(0)
 
 
 if __name__ == "__main__":
