@@ -150,8 +150,8 @@ def stages(schemas: list) -> None:
             xgrammar.append(checked[-1])
             continue
         size = regex_size(regex)
-        (small if size <= compiler.dfa_max_wait_size else large).append(regex)
-        if size > compiler.dfa_max_wait_size:
+        (small if size <= compiler.config.dfa_max_wait_size else large).append(regex)
+        if size > compiler.config.dfa_max_wait_size:
             xgrammar.append(checked[-1])  # served by xgrammar while its DFA builds
     vocab = DfaVocab(compiler.vocab)
     alone_rate = spin_rate(2.0)

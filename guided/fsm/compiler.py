@@ -31,7 +31,7 @@ from guided.fsm.schema_worker import analyse
 from guided.fsm.vocab import TokenVocab
 from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
-from guided.scheduler.policy import default_dfa_max_wait_size
+from guided.scheduler.policy import resolve_compile_config
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
 # background DFA builds waiting for their thread (~0.1 s each, seconds for the largest): past
@@ -66,16 +66,14 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
                  regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
-        """config's open compile settings (None) are a CPU host's here (4 threads, no schema
-        processes); the engine resolves them first (policy.resolve_compile_config)."""
+        """config's open compile settings (None) are resolved as a CPU host's here; the engine
+        resolves them for its own host first (policy.resolve_compile_config)."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
+        config = resolve_compile_config(config, on_gpu=False, num_cpus=os.cpu_count() or 1)
         self.config = config
-        wait = config.dfa_max_wait_size
-        self.dfa_max_wait_size = (default_dfa_max_wait_size(sched_idle=False) if wait is None
-                                  else wait)
         self.regex_backend = regex_backend
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
         self._xgrammar = XGrammarBackend(self.vocab, config)
@@ -84,8 +82,8 @@ class GrammarCompiler:
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
-        idle = bool(config.compile_sched_idle)
-        self._pool = WatchdogPool(num_workers=config.compile_threads or 4,
+        idle = config.compile_sched_idle
+        self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
                                   idle=idle)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
@@ -183,7 +181,7 @@ class GrammarCompiler:
                         if self._schema_workers is None
                         else self._schema_workers.analyse(spec.value, want_regex=want_regex))
             schema, regex = analysed.schema, analysed.regex
-            if regex is not None and analysed.size <= self.dfa_max_wait_size:
+            if regex is not None and analysed.size <= self.config.dfa_max_wait_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa

@@ -61,9 +61,9 @@ def serve(conn) -> None:
         rejected_draft,
         traverse_chain,
     )
-    from guided.fsm.watchdog_pool import lower_thread_priority
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
+    from guided.fsm.watchdog_pool import lower_thread_priority
     from guided.ngram import NgramIndex
 
     torch.set_num_threads(1)

@@ -74,7 +74,7 @@ class PendingFill:
 class MaskShards(ShardDrafts, ShardGrammars):
     def __init__(self, tokenizer_info, num_shards: int, *, drafting: tuple | None = None,
                  max_shipped_bytes: int = MAX_SHIPPED_BYTES, times: StepTimes | None = None,
-                 idle: bool = False, compile_threads: int | None = 1):
+                 idle: bool = False, compile_threads: int = 1):
         """drafting: (the Rust tokenizer as JSON, token bytes, EOS ids, special ids), for the
         shards to walk jump-forward drafts too (ask_drafts); None: fills only. times: where
         the busiest shard's seconds a message go (the step loop's waits beside them). idle:
@@ -95,7 +95,7 @@ class MaskShards(ShardDrafts, ShardGrammars):
         # spawned off the step loop: a shard imports torch and xgrammar (seconds)
         self._bans: dict[int, frozenset] = {}  # id(ban ids) -> ban ids, as sent to shards
         self._starter = threading.Thread(
-            target=self._start, args=(tokenizer_info, (drafting, idle, compile_threads or 1)),
+            target=self._start, args=(tokenizer_info, (drafting, idle, compile_threads)),
             name="mask-shards-start", daemon=True)
         self._starter.start()
 

@@ -120,7 +120,7 @@ class XGrammarBackend:
             vocab.token_bytes, xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
             stop_token_ids=list(vocab.eos_token_ids))
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info,
-                                            max_threads=config.xgrammar_threads or 1,
+                                            max_threads=config.xgrammar_threads,
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
         self._json_string_ban: TokenBan | None = None
