@@ -9,6 +9,7 @@ from guided.errors import ConstraintError, InvalidRequestError
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
+from guided.server.constraint_fields import constraint_kwargs  # noqa: F401 - re-exported
 from guided.server.tool_output import ParsedCall
 from guided.server.tools import ToolPlan
 
@@ -30,30 +31,6 @@ class Job:
     num_top: int = 0
     echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
     constraint_param: str | None = None  # the field the constraint came from (for 400s)
-
-
-def constraint_kwargs(req, tool_constraint: dict) -> tuple[str | None, dict]:
-    """The one constraint of a request as (field name, SamplingParams kwargs); more than one:
-    a 400."""
-    found: list[tuple[str, dict]] = []
-    if tool_constraint:
-        found.append(("tools", tool_constraint))
-    rf = req.response_format
-    if rf is not None and rf.type == "json_object":
-        found.append(("response_format", {"json_object": True}))
-    elif rf is not None and rf.type == "json_schema":
-        if rf.json_schema is None or rf.json_schema.schema_ is None:
-            raise InvalidRequestError("response_format json_schema needs json_schema.schema",
-                                      param="response_format.json_schema.schema")
-        found.append(("response_format", {"json_schema": rf.json_schema.schema_}))
-    for name in ("json_schema", "regex", "choice", "grammar"):
-        if getattr(req, name) is not None:
-            found.append((name, {name: getattr(req, name)}))
-    if len(found) > 1:
-        raise InvalidRequestError(
-            f"at most one constraint per request; got {[name for name, _ in found]}",
-            param=found[1][0])
-    return found[0] if found else (None, {})
 
 
 def empty_output(job: Job, i: int) -> RequestOutput:

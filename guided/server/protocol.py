@@ -1,6 +1,7 @@
 """Pydantic models of the OpenAI wire format (+ guided's extensions) and the OpenAI error body.
 
-Requests ignore unknown fields (like vLLM; the server logs them at debug). Responses are built
+Requests ignore unknown fields (like OpenAI; the server logs them at debug), except misspellings
+of constraint fields (a 400 suggesting the right name). Responses are built
 with these models and serialized without None fields."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from guided.errors import InvalidRequestError
+from guided.server.constraint_fields import ConstraintExtensions, check_unknown_fields
 
 
 class _Request(BaseModel):
@@ -38,8 +40,9 @@ class ResponseFormat(_Request):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _SamplingFields(_Request):
-    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's and vLLM's)."""
+class _SamplingFields(ConstraintExtensions):
+    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's and vLLM's; the
+    constraint fields of vLLM and SGLang come from ConstraintExtensions)."""
 
     model: str
     n: int = Field(default=1, ge=1, le=16)
@@ -59,11 +62,6 @@ class _SamplingFields(_Request):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
-    # constraint extensions (vLLM / SGLang names)
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_schema: dict[str, Any] | str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -328,7 +326,9 @@ def parse_request(model: type[_Request], body: Any) -> tuple[Any, list[str]]:
     except ValidationError as e:
         raise validation_error(e) from None
     known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
-    return request, sorted(set(body) - known)
+    unknown = sorted(set(body) - known)
+    check_unknown_fields(unknown)
+    return request, unknown
 
 
 # ---- logprobs in OpenAI's formats ---------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""Every constraint field name clients of OpenAI, vLLM and SGLang send -> one constraint.
+
+OpenAI: `response_format` (json_object / json_schema). vLLM: `guided_json`, `guided_regex`,
+`guided_choice`, `guided_grammar` and `structured_outputs: {json, regex, choice, grammar,
+json_object, ...}`. SGLang: `json_schema` (a JSON string), `regex`, `ebnf`. guided's own: `regex`,
+`choice`, `grammar`, `json_schema`. Each maps to SamplingParams' constraint kwargs; more than one
+constraint in a request is a 400, and a constraint-like field we cannot honour is a 400 naming
+it (never dropped silently, so a client never believes free text is constrained). Fields that
+only pick a backend or its fallback policy are accepted and ignored with a log note: they do not
+change the language the output follows."""
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from guided.errors import InvalidRequestError
+
+logger = logging.getLogger("guided.server")
+
+# request field -> SamplingParams constraint kwarg
+TOP_LEVEL = {
+    "json_schema": "json_schema", "guided_json": "json_schema",
+    "regex": "regex", "guided_regex": "regex",
+    "choice": "choice", "guided_choice": "choice",
+    "grammar": "grammar", "ebnf": "grammar", "guided_grammar": "grammar",
+}
+# vLLM's structured_outputs (StructuredOutputsParams) keys -> SamplingParams constraint kwarg
+STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice",
+                      "grammar": "grammar", "json_object": "json_object"}
+# backend choice / fallback policy: the output's language is the same whatever they say
+IGNORED = {"guided_decoding_backend"}
+STRUCTURED_IGNORED = {"backend", "_backend", "_backend_was_auto", "disable_fallback",
+                      "disable_any_whitespace"}
+# constraint-like fields we do not enforce: a 400 naming them
+UNSUPPORTED = {
+    "guided_whitespace_pattern": "a custom whitespace pattern is not supported (guided's JSON "
+                                 "whitespace is fixed: bounded, no runaway newlines)",
+    "structural_tag": "structural tags are not supported yet; send a json_schema, regex, "
+                      "choice or grammar constraint, or tools",
+}
+STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"],
+                          "structural_tag": UNSUPPORTED["structural_tag"]}
+# names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
+CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format",
+                           "structured_outputs", "tools", "tool_choice"})
+MISSPELLING_CUTOFF = 0.8
+
+
+class ConstraintExtensions(BaseModel):
+    """The constraint fields of /v1/chat/completions and /v1/completions beyond OpenAI's
+    response_format (parsed loosely: constraint_kwargs checks each value's shape itself, so that
+    its 400 names the field)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    json_schema: Any = None
+    guided_json: Any = None
+    regex: Any = None
+    guided_regex: Any = None
+    choice: Any = None
+    guided_choice: Any = None
+    grammar: Any = None
+    ebnf: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    structural_tag: Any = None
+
+
+def check_unknown_fields(names: list[str]) -> None:
+    """Unknown top-level fields are accepted (as OpenAI does), unless one is a misspelling of a
+    constraint field: a constraint the client believes it sent would be dropped."""
+    for name in names:
+        match = difflib.get_close_matches(name, CONSTRAINT_NAMES, n=1, cutoff=MISSPELLING_CUTOFF)
+        if match:
+            raise InvalidRequestError(
+                f"unknown field {name!r}: did you mean {match[0]!r}? (a misspelt constraint "
+                "would be dropped, so the request is refused)", param=name)
+
+
+def _value(kind: str, value: Any, param: str) -> Any:
+    """The shape SamplingParams takes, or a 400 naming the field."""
+    if kind == "json_schema":
+        if not isinstance(value, (dict, str, bool)):
+            raise InvalidRequestError(f"{param} must be a JSON schema (an object or a JSON "
+                                      "string)", param=param)
+    elif kind == "choice":
+        if not isinstance(value, list) or not value or \
+                not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequestError(f"{param} must be a non-empty list of non-empty strings",
+                                      param=param)
+    elif kind == "json_object":
+        if not isinstance(value, bool):
+            raise InvalidRequestError(f"{param} must be a boolean", param=param)
+    elif not isinstance(value, str) or not value.strip():
+        raise InvalidRequestError(f"{param} must be a non-empty string", param=param)
+    return value
+
+
+def _structured_outputs(so: Any) -> list[tuple[str, dict]]:
+    if not isinstance(so, dict):
+        raise InvalidRequestError("structured_outputs must be an object",
+                                  param="structured_outputs")
+    found: list[tuple[str, dict]] = []
+    closed = False
+    for key, value in so.items():
+        param = f"structured_outputs.{key}"
+        if value is None or key in STRUCTURED_IGNORED:
+            if value is not None:
+                logger.info("%s=%r is ignored: guided picks its backend itself", param, value)
+            continue
+        if key in STRUCTURED_UNSUPPORTED:
+            raise InvalidRequestError(f"{param}: {STRUCTURED_UNSUPPORTED[key]}", param=param)
+        if key == "disable_additional_properties":
+            closed = bool(value)
+            continue
+        if key not in STRUCTURED_OUTPUTS:
+            known = sorted({*STRUCTURED_OUTPUTS, *STRUCTURED_IGNORED, *STRUCTURED_UNSUPPORTED})
+            hint = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            raise InvalidRequestError(
+                f"unknown key {param}" + (f": did you mean {hint[0]!r}?" if hint else
+                                          f"; known keys: {known}"), param=param)
+        kind = STRUCTURED_OUTPUTS[key]
+        if kind == "json_object" and value is False:
+            continue
+        found.append((param, {kind: _value(kind, value, param)}))
+    if closed:
+        from guided.server.tools import closed_objects  # tools imports protocol: late import
+
+        found = [(p, {"json_schema": closed_objects(kw["json_schema"])}
+                  if isinstance(kw.get("json_schema"), dict) else kw) for p, kw in found]
+    return found
+
+
+def _response_format(rf) -> list[tuple[str, dict]]:
+    if rf is None or rf.type == "text":
+        return []
+    if rf.type == "json_object":
+        return [("response_format", {"json_object": True})]
+    if rf.json_schema is None or rf.json_schema.schema_ is None:
+        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                  param="response_format.json_schema.schema")
+    return [("response_format", {"json_schema": rf.json_schema.schema_})]
+
+
+def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | None, dict]:
+    """The one constraint of a request as (the field it came from, SamplingParams kwargs);
+    more than one constraint: a 400 naming the second."""
+    found: list[tuple[str, dict]] = []
+    if tool_constraint:
+        found.append(("tools", tool_constraint))
+    found += _response_format(getattr(req, "response_format", None))
+    for name, kind in TOP_LEVEL.items():
+        value = getattr(req, name, None)
+        if value is not None:
+            found.append((name, {kind: _value(kind, value, name)}))
+    if getattr(req, "structured_outputs", None) is not None:
+        found += _structured_outputs(req.structured_outputs)
+    for name, why in UNSUPPORTED.items():
+        if getattr(req, name, None) is not None:
+            raise InvalidRequestError(f"{name}: {why}", param=name)
+    for name in IGNORED:
+        if getattr(req, name, None) is not None:
+            logger.info("%s=%r is ignored: guided picks its backend itself", name,
+                        getattr(req, name))
+    if len(found) > 1:
+        raise InvalidRequestError(
+            f"at most one constraint per request; got {[name for name, _ in found]}",
+            param=found[1][0])
+    return found[0] if found else (None, {})
