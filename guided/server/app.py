@@ -24,11 +24,10 @@ from guided.server.jobs import (
     ModelNotFound,
     constraint_kwargs,
     empty_output,
-    finish_reason,
+    message_out,
     model_id,
     new_id,
     raise_if_error,
-    tool_calls_out,
 )
 from guided.server.streaming import (
     ClientGone,
@@ -38,8 +37,12 @@ from guided.server.streaming import (
     sse_response,
     unless_disconnected,
 )
-from guided.server.tool_output import parse_output
-from guided.server.tools import build_messages, plan_tools, template_supports_tools
+from guided.server.tools import (
+    build_messages,
+    plan_request_tools,
+    template_kwargs,
+    template_supports_tools,
+)
 
 logger = logging.getLogger("guided.server")
 
@@ -87,15 +90,11 @@ class Server:
 
     def chat_job(self, req: P.ChatCompletionRequest) -> Job:
         self.check_model(req.model)
-        tool_choice = req.tool_choice if req.tool_choice is not None else (
-            "auto" if req.tools else "none")
-        plan = plan_tools(req.tools, tool_choice, req.parallel_tool_calls)
+        plan = plan_request_tools(req)
         messages = build_messages(req.messages, plan, native_tools=self.native_tools)
-        kwargs = {"tools": [{"type": "function", "function": f} for f in plan.functions]} \
-            if plan is not None and self.native_tools else {}
+        kwargs = template_kwargs(req, plan, native_tools=self.native_tools)
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False, **kwargs)
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as e:  # noqa: BLE001 - jinja errors: the messages do not fit the template
             raise InvalidRequestError(f"messages cannot be rendered by the chat template: {e}",
                                       param="messages") from None
@@ -238,13 +237,11 @@ class Server:
     def chat_response(self, job: Job, outs: list[RequestOutput]) -> P.ChatCompletionResponse:
         choices = []
         for i, out in enumerate(outs):
-            content, calls = parse_output(job.plan, out.text) if job.plan else (out.text, None)
-            message = P.ChatMessageOut(content=content,
-                                       tool_calls=tool_calls_out(calls) if calls else None)
+            message, reason = message_out(job.plan, out)
             logprobs = P.chat_logprobs(out.logprobs or [], self.texts, job.num_top) \
                 if job.params[i].logprobs is not None else None
             choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs,
-                                        finish_reason=finish_reason(out, bool(calls))))
+                                        finish_reason=reason))
         return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
                                         usage=self.usage(job, outs))
 

@@ -152,8 +152,10 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
     more than one constraint: a 400 naming the second."""
     found: list[tuple[str, dict]] = []
     if tool_constraint:
+        # a response_format beside tools shapes the text answer inside the tool constraint
         found.append(("tools", tool_constraint))
-    found += _response_format(getattr(req, "response_format", None))
+    else:
+        found += _response_format(getattr(req, "response_format", None))
     for name, kind in TOP_LEVEL.items():
         value = getattr(req, name, None)
         if value is not None:

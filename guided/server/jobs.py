@@ -10,7 +10,7 @@ from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
 from guided.server.constraint_fields import constraint_kwargs  # noqa: F401 - re-exported
-from guided.server.tool_output import ParsedCall
+from guided.server.tool_output import ParsedCall, parse_output
 from guided.server.tools import ToolPlan
 
 
@@ -49,6 +49,20 @@ def finish_reason(out: RequestOutput, calls: bool) -> str | None:
     if not out.finished:
         return None
     return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+
+
+def message_out(plan: ToolPlan | None, out: RequestOutput) -> tuple[P.ChatMessageOut, str | None]:
+    """The message of a finished chat choice and its finish_reason. Beside tool calls the
+    content is "" (vLLM's clients read it as a string); a request with the legacy `functions`
+    gets its call as message.function_call."""
+    content, calls = parse_output(plan, out.text) if plan else (out.text, None)
+    reason = finish_reason(out, bool(calls))
+    if calls and plan.legacy:
+        call = P.FunctionCallOut(name=calls[0].name, arguments=calls[0].arguments)
+        return P.ChatMessageOut(content=content or "", function_call=call), \
+            "function_call" if reason == "tool_calls" else reason
+    return P.ChatMessageOut(content=content, tool_calls=tool_calls_out(calls) if calls else None), \
+        reason
 
 
 def tool_calls_out(calls: list[ParsedCall]) -> list[P.ToolCallOut]:

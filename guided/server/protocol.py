@@ -90,10 +90,11 @@ class ToolCall(_Request):
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None  # legacy: an assistant's call of `functions`
     tool_call_id: str | None = None
 
     def text(self) -> str:
@@ -137,6 +138,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # legacy function calling: served as tools (guided/server/tools.py plan_request_tools)
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -210,6 +215,7 @@ class ChatMessageOut(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
+    function_call: FunctionCallOut | None = None  # requests with legacy `functions`
 
 
 class ChatChoice(_Response):
@@ -244,6 +250,7 @@ class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    function_call: FunctionCallDelta | None = None  # requests with legacy `functions`
 
 
 class ChatChunkChoice(_Response):

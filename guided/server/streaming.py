@@ -98,10 +98,14 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                 logprobs = P.chat_logprobs(new_entries, server.texts, job.num_top)
                 sent_tokens[i] += len(new_entries)
         finish = finish_reason(out, bool(streamers[i] and streamers[i].calls))
+        legacy = job.plan is not None and job.plan.legacy
+        if finish == "tool_calls" and legacy:
+            finish = "function_call"
         if tool_deltas or logprobs:
             delta = P.ChatDelta(content=content or None, tool_calls=[
                 P.ToolCallDelta.model_validate(d) for d in tool_deltas or ()] or None)
-            yield frame.chat([P.ChatChunkChoice(index=i, delta=delta, logprobs=logprobs,
+            yield frame.chat([P.ChatChunkChoice(index=i, delta=legacy_delta(delta) if legacy
+                                                else delta, logprobs=logprobs,
                                                 finish_reason=finish)])
         elif content or finish:
             yield frame.chat_text(i, content, finish)
@@ -110,6 +114,16 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
     if include_usage:
         yield frame.chat([], usage=server.usage(job, list(finals.values())))
     yield "data: [DONE]\n\n"
+
+
+def legacy_delta(delta: P.ChatDelta) -> P.ChatDelta:
+    """A delta of tool calls as the legacy `functions` stream it: function_call (one call)."""
+    if not delta.tool_calls:
+        return delta
+    name = next((c.function.name for c in delta.tool_calls if c.function.name), None)
+    arguments = "".join(c.function.arguments or "" for c in delta.tool_calls)
+    return P.ChatDelta(content=delta.content, function_call=P.FunctionCallDelta(
+        name=name, arguments=arguments))
 
 
 async def completion_stream(server: Server, job: Job, streams: list[RequestStream], echo: bool,

@@ -25,7 +25,7 @@ class CallSpan:
     name: str | None = None
     args_start: int | None = None
     args_end: int | None = None  # exclusive; None while the arguments are incomplete
-    content_start: int | None = None  # auto's {"content": "..."}: the string's opening quote
+    content_start: int | None = None  # auto's {"content": ...}: the value's first character
     content_end: int | None = None
     complete: bool = False
 
@@ -75,7 +75,7 @@ def _scan_object(text: str, i: int) -> tuple[CallSpan, int]:
         end = _skip_value(text, start)
         if key in (ARGS_KEY, "arguments"):
             span.args_start, span.args_end = start, end
-        elif key == CONTENT_KEY and start < n and text[start] == '"':
+        elif key == CONTENT_KEY and start < n:
             span.content_start, span.content_end = start, end
         elif key == "name" and end is not None:
             span.name = json.loads(text[start:end])
@@ -166,29 +166,37 @@ def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
     return "text" if spans[0].first_key == CONTENT_KEY else "tools"
 
 
+def content_text(text: str, span: CallSpan) -> str:
+    """auto's text answer so far: a string's decoded characters, or the JSON text of a value
+    that follows a response_format's schema."""
+    if span.content_start is None:
+        return ""
+    if text[span.content_start] != '"':
+        end = span.content_end if span.content_end is not None else len(text)
+        return text[span.content_start:end].rstrip(" \t\r\n")
+    raw_end = span.content_end - 1 if span.content_end is not None else len(text)
+    return _partial_string(text[span.content_start + 1:raw_end])
+
+
 def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall] | None]:
-    """(content, tool calls) of a finished output. An output cut by max_tokens is returned as
-    its raw text (auto text answers: the decoded part of the content)."""
+    """(content, tool calls) of a finished output. An output cut by max_tokens gives its
+    complete calls (content ""), or auto's text answer so far: never the call format's text."""
     kind = output_kind(plan, text)
     if kind == "text":
-        span = scan_calls(text)[0]
-        raw_end = span.content_end - 1 if span.content_end is not None else len(text)
-        return _partial_string(text[span.content_start + 1:raw_end]), None
+        return content_text(text, scan_calls(text)[0]), None
     if kind is None:
-        return text, None
-    spans = scan_calls(text)
-    if not spans or not all(s.complete and s.name is not None and s.args_end is not None
-                            for s in spans):
-        return text, None
+        return "", None
     calls = []
-    for s in spans:
+    for s in scan_calls(text):
+        if not (s.complete and s.name is not None and s.args_end is not None):
+            break  # cut by max_tokens (a finished constrained output is complete)
         raw = text[s.args_start:s.args_end]
         try:
             json.loads(raw)
         except json.JSONDecodeError:
-            return text, None
+            break
         calls.append(ParsedCall(new_call_id(), s.name, raw))
-    return None, calls
+    return "", calls or None
 
 
 @dataclass(slots=True)
@@ -217,11 +225,7 @@ class ToolCallStreamer:
         return "", []
 
     def _content(self, text: str) -> str:
-        span = scan_calls(text)[0]
-        if span.content_start is None:
-            return ""
-        raw_end = span.content_end - 1 if span.content_end is not None else len(text)
-        content = _partial_string(text[span.content_start + 1:raw_end])
+        content = content_text(text, scan_calls(text)[0])
         new = content[self.sent_content:]
         self.sent_content = len(content)
         return new

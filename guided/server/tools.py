@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from guided.errors import InvalidRequestError
-from guided.server.protocol import ChatMessage, NamedToolChoice, Tool
+from guided.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    NamedFunction,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+)
 from guided.server.tool_output import (  # noqa: F401 - the output half, re-exported
     ARGS_KEY,
     CONTENT_KEY,
@@ -55,6 +62,7 @@ class ToolPlan:
     functions: list[dict[str, Any]]  # [{"name", "description", "parameters"}] offered
     parallel: bool
     constraint: dict[str, Any] = field(default_factory=dict)  # SamplingParams kwargs
+    legacy: bool = False  # the request sent `functions`: answer with message.function_call
 
     @property
     def json_output(self) -> bool:
@@ -62,9 +70,49 @@ class ToolPlan:
         return self.mode != "auto"
 
 
-def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool = True
-               ) -> ToolPlan | None:
-    """None when no tool can be called (no tools, or tool_choice "none")."""
+def plan_request_tools(req: ChatCompletionRequest) -> ToolPlan | None:
+    """The tool plan of a chat request: `tools` / `tool_choice`, or the legacy `functions` /
+    `function_call` served as tools (one call at a time); a `response_format` beside tools
+    shapes auto's text answer (OpenAI accepts both: the model calls a tool or answers in that
+    format)."""
+    tools, tool_choice, parallel = req.tools, req.tool_choice, req.parallel_tool_calls
+    if req.functions is not None:
+        if tools:
+            raise InvalidRequestError("send tools or the legacy functions, not both",
+                                      param="functions")
+        tools = [Tool(function=f) for f in req.functions]
+        if tool_choice is None and isinstance(req.function_call, NamedFunction):
+            tool_choice = NamedToolChoice(function=req.function_call)
+        elif tool_choice is None:
+            tool_choice = req.function_call
+        parallel = False
+    elif req.function_call is not None:
+        raise InvalidRequestError("function_call needs functions", param="function_call")
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    plan = plan_tools(tools, tool_choice, parallel,
+                      content_schema=_content_schema(req.response_format))
+    if plan is not None:
+        plan.legacy = req.functions is not None
+    return plan
+
+
+def _content_schema(response_format) -> dict[str, Any] | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return {"type": "object"}
+    if response_format.json_schema is None or response_format.json_schema.schema_ is None:
+        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                  param="response_format.json_schema.schema")
+    schema = response_format.json_schema.schema_
+    return schema if isinstance(schema, dict) else {}
+
+
+def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool = True, *,
+               content_schema: dict[str, Any] | None = None) -> ToolPlan | None:
+    """None when no tool can be called (no tools, or tool_choice "none"). `content_schema`:
+    the JSON schema of auto's text answer (a response_format), else free text."""
     if isinstance(tool_choice, NamedToolChoice):
         if not tools:
             raise InvalidRequestError("tool_choice names a function but no tools were given",
@@ -92,8 +140,8 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
     if tool_choice == "required":
         return ToolPlan("required", functions, parallel_tool_calls,
                         {"json_schema": _calls_schema(functions, parallel=parallel_tool_calls)})
-    return ToolPlan("auto", functions, parallel_tool_calls,
-                    {"json_schema": auto_schema(functions, parallel=parallel_tool_calls)})
+    return ToolPlan("auto", functions, parallel_tool_calls, {"json_schema": auto_schema(
+        functions, parallel=parallel_tool_calls, content_schema=content_schema)})
 
 
 def _function(tool: Tool) -> dict[str, Any]:
@@ -129,24 +177,76 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
-def call_schema(function: dict[str, Any]) -> dict[str, Any]:
+def call_schema(function: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One call object; `defs` collects the root `$defs` that its parameters' references need
+    (see `parameters_schema`)."""
+    params = closed_objects(function["parameters"])
+    if defs is not None and _has_ref(params):
+        params = parameters_schema(params, f"{function['name']}.parameters", defs)
     return {"type": "object",
             "properties": {"name": {"type": "string", "const": function["name"]},
-                           ARGS_KEY: closed_objects(function["parameters"])},
+                           ARGS_KEY: params},
             "required": ["name", ARGS_KEY], "additionalProperties": False}
 
 
-def _calls_schema(functions: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
-    calls = [call_schema(f) for f in functions]
+def _has_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_ref(v) for v in schema)
+    return False
+
+
+def parameters_schema(params: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters with their `$ref`s made to resolve where they now sit, inside a call
+    inside the request's schema: a reference of the parameters is relative to the parameters
+    object (as when the same schema is a response_format), so `#/<path>` becomes
+    `#/$defs/<key>/<path>` and the parameters are also placed at the root's `$defs[key]`."""
+    prefix = "#/$defs/" + key.replace("~", "~0").replace("/", "~1")
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, list):
+            return [moved(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: moved(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            out["$ref"] = prefix + ref[1:]
+        return out
+
+    rewritten = moved(params)
+    defs[key] = rewritten
+    return rewritten
+
+
+def _with_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _calls_schema(functions: list[dict[str, Any]], *, parallel: bool,
+                  defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    own = {} if defs is None else defs
+    calls = [call_schema(f, own) for f in functions]
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return {"type": "array", "items": one, "minItems": 1} if parallel else one
+    schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
+    return schema if defs is not None else _with_defs(schema, own)
 
 
-def auto_schema(functions: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
-    options = [call_schema(f) for f in functions]
+def auto_schema(functions: list[dict[str, Any]], *, parallel: bool,
+                content_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Calls or a text answer `{"content": ...}`: a string, or a JSON value following
+    content_schema (a response_format: the server returns its JSON text as the content)."""
+    defs: dict[str, Any] = {}
+    options = [call_schema(f, defs) for f in functions]
     if parallel:
-        options.append(_calls_schema(functions, parallel=True))
-    return {"anyOf": [*options, CONTENT_SCHEMA]}
+        options.append(_calls_schema(functions, parallel=True, defs=defs))
+    content = CONTENT_SCHEMA
+    if content_schema is not None:
+        if _has_ref(content_schema):
+            content_schema = parameters_schema(content_schema, "response_format", defs)
+        content = {**CONTENT_SCHEMA, "properties": {CONTENT_KEY: content_schema}}
+    return _with_defs({"anyOf": [*options, content]}, defs)
 
 
 # ---- prompt -------------------------------------------------------------------------------------
@@ -168,6 +268,27 @@ def render_tools_prompt(plan: ToolPlan) -> str:
     return "\n".join(lines) + "\n" + functions
 
 
+# apply_chat_template's own arguments: chat_template_kwargs may not set them
+_RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize",
+                                       "return_dict", "return_tensors", "documents"})
+
+
+def template_kwargs(req: ChatCompletionRequest, plan: ToolPlan | None, *,
+                    native_tools: bool) -> dict[str, Any]:
+    """Keyword arguments of tokenizer.apply_chat_template: the tools (templates that render
+    them) and the client's chat_template_kwargs (e.g. enable_thinking), which may also turn
+    add_generation_prompt off."""
+    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    if plan is not None and native_tools:
+        kwargs["tools"] = [{"type": "function", "function": f} for f in plan.functions]
+    for key, value in (req.chat_template_kwargs or {}).items():
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise InvalidRequestError(f"chat_template_kwargs may not set {key!r}",
+                                      param=f"chat_template_kwargs.{key}")
+        kwargs[key] = value
+    return kwargs
+
+
 def template_supports_tools(chat_template: str | None) -> bool:
     return bool(chat_template) and "tools" in chat_template
 
@@ -177,7 +298,9 @@ def build_messages(messages: list[ChatMessage], plan: ToolPlan | None, *,
     """Messages as dicts for tokenizer.apply_chat_template (content flattened to text)."""
     out: list[dict[str, Any]] = []
     for m in messages:
-        role = "system" if m.role == "developer" else m.role
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        if m.function_call is not None and not m.tool_calls:  # legacy: one call
+            m = m.model_copy(update={"tool_calls": [ToolCall(function=m.function_call)]})
         if native_tools:
             d: dict[str, Any] = {"role": role, "content": m.text()}
             if m.tool_calls:

@@ -111,7 +111,7 @@ def test_parse_auto_text_and_calls():
     assert parse_output(plan, '{"content": "Just text {not a call} \\u00e9"}') == (
         "Just text {not a call} \u00e9", None)
     content, calls = parse_output(plan, AUTO_TWO)
-    assert content is None and [c.name for c in calls] == ["get_weather", "add"]
+    assert content == "" and [c.name for c in calls] == ["get_weather", "add"]
     assert json.loads(calls[1].arguments) == {"a": 1, "b": 2}
     assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
     _, [call] = parse_output(plan, '{"name": "add", "parameters": {"a": 1, "b": 2}}')
@@ -125,7 +125,10 @@ def test_parse_json_forms_and_truncation():
            '"parameters": {"city": "a \\"quoted\\" {city}"}}]'
     _, calls = parse_output(plan, text)
     assert json.loads(calls[1].arguments) == {"city": 'a "quoted" {city}'}
-    assert parse_output(plan, text[:30]) == (text[:30], None)  # cut by max_tokens
+    # cut by max_tokens: the complete calls, never the call format's text
+    assert parse_output(plan, text[:30]) == ("", None)
+    content, [call] = parse_output(plan, text[:60])
+    assert content == "" and call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2}
     named_plan = plan_tools(TOOLS, named("add"))
     _, [call] = parse_output(named_plan, '{ "name" : "add" , "parameters" : {"a":1,"b":2} }')
     assert call.arguments == '{"a":1,"b":2}'
@@ -196,3 +199,37 @@ def test_streamed_auto_text_is_unwrapped():
         assert deltas == [] and "\ufffd" not in content
         got += content
     assert got == json.loads(text)["content"] == parse_output(plan, text)[0]
+
+
+# A tool whose parameters carry their own $defs, referenced relative to the parameters object
+# (pydantic's model_json_schema() of a model with a nested model looks like this).
+OPTIONS_PARAMS = {"$ref": "#/$defs/WeatherOptions", "$defs": {"WeatherOptions": {
+    "type": "object", "properties": {"city": {"type": "string"},
+                                     "unit": {"$ref": "#/$defs/Unit"}},
+    "required": ["city", "unit"]}, "Unit": {"enum": ["c", "f"]}}}
+TREE_PARAMS = {"type": "object", "properties": {"value": {"type": "integer"}, "children": {
+    "type": "array", "items": {"$ref": "#"}, "maxItems": 2}}, "required": ["value"]}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+def test_tool_parameters_resolve_their_own_refs_like_a_response_format(choice):
+    check_schema = pytest.importorskip("guided.fsm.schema_check").check_schema
+    xgr = pytest.importorskip("xgrammar")
+    specs = tools(("weather", OPTIONS_PARAMS), ("tree", TREE_PARAMS), ("add", ADD))
+    plan = plan_tools(specs, named("weather") if choice == "named" else choice, True)
+    schema = plan.constraint["json_schema"]
+    call = {"name": "weather", "parameters": {"city": "Oslo", "unit": "c"}}
+    jsonschema.validate(call if choice == "named" else [call], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "weather", "parameters": {"city": "Oslo", "unit": "k"}},
+                            schema)
+    if choice != "named":
+        tree = {"name": "tree", "parameters": {"value": 1, "children": [{"value": 2}]}}
+        jsonschema.validate([tree], schema)
+    checked = check_schema(schema)  # resolves: no "reference does not resolve"
+    grammar = xgr.Grammar.from_json_schema(json.dumps(checked), strict_mode=True,
+                                           any_whitespace=False)
+    accepts = xgr.testing._is_grammar_accept_string
+    good = json.dumps(call if choice == "named" else [call])
+    assert accepts(grammar, good)
+    assert not accepts(grammar, good.replace('"c"', '"k"'))
