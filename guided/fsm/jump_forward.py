@@ -25,6 +25,11 @@ from guided.fsm.matcher import Matcher
 from guided.ngram import NgramIndex
 
 MAX_BOUNDARY_TOKENS = 4
+# bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's
+# longest is 64 bytes of spaces), so a cut forced text still yields the drafts wanted, and a
+# grammar's long forced run (up to grammar_bounds.MAX_SHORTEST_BYTES) costs no more to draft
+# than a short one
+FORCED_BYTES_PER_DRAFT = 128
 
 
 class CachedEncoder:
@@ -135,7 +140,11 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
     if max_tokens <= 0:  # a terminated matcher forces nothing and accepts no draft
         return [], 0
     forced = matcher.forced_string()
-    draft = retokenize(tokenizer, token_bytes, output_ids, forced)[:max_tokens] if forced else []
+    cut = FORCED_BYTES_PER_DRAFT * (max_tokens + 1)
+    draft = retokenize(tokenizer, token_bytes, output_ids, forced[:cut]) if forced else []
+    if len(forced) > cut:
+        draft = draft[:-1]  # the last token may be cut short by the cut
+    draft = draft[:max_tokens]
     num_forced = len(draft)
     if lookup is not None and lookup_tokens > 0 and len(draft) < max_tokens:
         draft += lookup.lookup([*unindexed, *draft], min_n=lookup_min_n, max_n=lookup_max_n,

@@ -182,8 +182,16 @@ class _ExactCheck:
     def __init__(self, root: dict):
         self.root = root
         self.seen: set[str] = set()
+        self.active: list[str] = []  # pointers of the subschemas being walked, outermost first
 
     def check(self, node, pointer: str) -> None:
+        self.active.append(pointer)
+        try:
+            self._check(node, pointer)
+        finally:
+            self.active.pop()
+
+    def _check(self, node, pointer: str) -> None:
         if isinstance(node, bool):
             return
         if not isinstance(node, dict):
@@ -216,6 +224,11 @@ class _ExactCheck:
     def _check_ref(self, ref, pointer: str) -> None:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise NotRegular(f"a $ref that is not local at {pointer or '/'}")
+        target_pointer = ref[1:]
+        if any(p == target_pointer or p.startswith(target_pointer + "/") for p in self.active):
+            # outlines-core unrolls recursion to a fixed depth and closes it with `{}`, which
+            # a required recursive property does not admit: xgrammar serves it exactly
+            raise NotRegular(f"recursive $ref {ref!r} at {pointer or '/'}")
         if ref in self.seen:
             return
         self.seen.add(ref)

@@ -47,6 +47,26 @@ def test_a_ref_is_checked_where_it_points():
         schema_regex({"properties": {"a": {"$ref": "#/nowhere"}}})
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
+               "b": {"type": "array", "items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"},
+])
+def test_recursive_refs_stay_on_xgrammar(schema):
+    """outlines-core cuts recursion at a fixed depth with `{}`, which a required recursive
+    property does not admit (the regex would accept what the schema refuses)."""
+    with pytest.raises(NotRegular, match="recursive"):
+        schema_regex(schema)
+
+
+def test_a_ref_used_twice_is_no_recursion():
+    import re
+    schema = {"$defs": {"x": {"type": "integer"}}, "type": "object",
+              "properties": {"p": {"$ref": "#/$defs/x"}, "q": {"$ref": "#/$defs/x"}},
+              "required": ["p", "q"]}
+    assert re.fullmatch(schema_regex(schema), '{"p": 1, "q": 2}')
+
+
 def test_items_true_admits_any_item():
     import re
 

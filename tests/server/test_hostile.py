@@ -207,6 +207,13 @@ BAD_CONSTRAINTS = {
     "undefined rule": chat(grammar="root ::= foo"),
     "no root rule": chat(grammar='start ::= "a"'),
     "grammar garbage": chat(grammar="::= ::= |||"),
+    # never-ending: the forced walk of these used to hang the engine (refused at compile time)
+    "grammar that never ends": chat(grammar='root ::= "a" root'),
+    "grammar branch that never ends": chat(grammar='root ::= "b" | "a" x\nx ::= "c" x'),
+    "forced text of a gigabyte": chat(grammar='root ::= "a"{1000000000}'),
+    "regex of empty language": chat(regex="[^\\s\\S]"),
+    "schema of infinite values": schema({"type": "object", "properties": {"a": {"$ref": "#"}},
+                                         "required": ["a"]}),
 }
 
 

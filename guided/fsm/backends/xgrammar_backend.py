@@ -14,6 +14,7 @@ import xgrammar as xgr
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.char_budgets import budget_long_repetitions, has_budget
+from guided.fsm.grammar_bounds import check_grammar_bounds
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import fix_optional_groups
 from guided.fsm.string_ban import json_string_banned
@@ -96,15 +97,26 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
 
 
 def compile_recipe(compiler: xgr.GrammarCompiler, recipe: Recipe) -> xgr.CompiledGrammar:
-    """The recipe compiled; xgrammar's errors as ConstraintError naming the problem."""
+    """The recipe compiled; xgrammar's errors as ConstraintError naming the problem, and a
+    grammar that could never end or forces unbounded text refused (fsm/grammar_bounds.py)."""
     try:
-        return compiler.compile_grammar(grammar_of(recipe))
+        grammar = grammar_of(recipe)
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
-        message = str(e).strip().splitlines()
-        detail = message[0] if message else type(e).__name__
-        if "]" in detail and detail.startswith("["):  # drop the "[time] file.cc:line:" head
-            detail = detail.split(": ", 1)[-1]
-        raise ConstraintError(f"cannot compile {recipe.kind}: {detail}") from None
+        raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
+    check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
+    try:
+        return compiler.compile_grammar(grammar)
+    except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+        raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
+
+
+def _detail(error: Exception) -> str:
+    """The first line of xgrammar's message, without its "[time] file.cc:line:" head."""
+    message = str(error).strip().splitlines()
+    detail = message[0] if message else type(error).__name__
+    if "]" in detail and detail.startswith("["):
+        detail = detail.split(": ", 1)[-1]
+    return detail
 
 
 class XGrammarBackend:
