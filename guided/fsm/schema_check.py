@@ -22,6 +22,11 @@ from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
+from guided.fsm.schema_objects import (
+    check_min_properties,
+    rewrite_pattern_properties,
+    rewrite_property_names,
+)
 from guided.fsm.schema_merge import (
     ANNOTATIONS,
     SchemaCombiner,
@@ -51,11 +56,11 @@ TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object":
                  "array": ARRAY_KEYWORDS}
 # Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
 IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-                       "dependencies", "patternProperties", "propertyNames",
-                       "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
+                       "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
                        "maxContains", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
+INTEGER_LIMIT = 2**53
 APPLICATORS_DONE = frozenset({"allOf", "anyOf", "oneOf", "$ref"})
 
 
@@ -139,6 +144,8 @@ class _Rewriter(SchemaCombiner):
             return self.rewrite({"anyOf": [_only_type(node, t) for t in types]}, pointer)
         rewrite_string(node, pointer)
         _rewrite_number(node, pointer)
+        rewrite_pattern_properties(node, pointer)
+        rewrite_property_names(node, pointer, self.validator)
         self._rewrite_object(node, pointer)
         self._rewrite_array(node, pointer)
         for container in ("$defs", "definitions"):
@@ -221,9 +228,16 @@ class _Rewriter(SchemaCombiner):
             node["properties"] = rewritten
         if isinstance(extra, dict):
             node["additionalProperties"] = self.rewrite(extra, f"{pointer}/additionalProperties")
-        elif props is None and "additionalProperties" not in node and _may_be(node, "object"):
+        elif (props is None and "additionalProperties" not in node and _may_be(node, "object")
+              and "patternProperties" not in node):
             # strict mode closes objects by default; one without properties stays free-form
             node["additionalProperties"] = True
+
+        if "patternProperties" in node:
+            node["patternProperties"] = {
+                p: self.rewrite(s, f"{pointer}/patternProperties/{_esc(p)}")
+                for p, s in node["patternProperties"].items()}
+        check_min_properties(node, pointer)
 
     def _rewrite_array(self, node: dict, pointer: str) -> None:
         items = node.get("items")
@@ -275,10 +289,12 @@ def _rewrite_number(node: dict, pointer: str) -> None:
               math.floor(node.pop("maximum"))] if "maximum" in node else []
         if "exclusiveMaximum" in node:
             hi.append(math.ceil(node.pop("exclusiveMaximum")) - 1)
-        for bound in lo + hi:
-            if abs(bound) > 2**53:
-                raise ConstraintError(f"integer bound {bound} at {where(pointer)} is too large "
-                                      f"(at most 2**53)")
+        # xgrammar's bounds are doubles: one past 2**53 is clamped inward (stricter, exact
+        # for every integer a double holds); a range wholly beyond it is refused
+        lo = [max(bound, -INTEGER_LIMIT) for bound in lo]
+        hi = [min(bound, INTEGER_LIMIT) for bound in hi]
+        if any(abs(bound) > INTEGER_LIMIT for bound in lo + hi):
+            raise ConstraintError(f"the integer range at {where(pointer)} lies beyond 2**53")
         if lo:
             node["minimum"] = max(lo)
         if hi:

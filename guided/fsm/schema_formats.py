@@ -1,8 +1,11 @@
 """String keywords for schema_check: `format` -> exact regex patterns, and `pattern` checks."""
 from __future__ import annotations
 
+import math
 import re
+import re._parser as sre_parse
 
+from guided.errors import ConstraintError
 from guided.fsm.schema_merge import as_list, refuse
 
 _DATE = (r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[13578]|1[02])-"
@@ -26,9 +29,11 @@ FORMAT_PATTERNS = {
     "ipv4": rf"^(?:{_OCTET}\.){{3}}{_OCTET}$",
     "email": rf"^{_LOCAL_PART}@{_LABEL}(?:\.{_LABEL}){{1,2}}$",
     "hostname": f"^{_HOSTNAME}$",
+    # the full form only (eight groups, no "::" and no zone): a subset of the format
+    "ipv6": r"^[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{1,4}){7}$",
 }
 # Formats jsonschema checks (with the packages installed here) that we cannot enforce exactly.
-UNENFORCEABLE_FORMATS = frozenset({"ipv6", "regex", "idn-email", "idn-hostname", "json-pointer",
+UNENFORCEABLE_FORMATS = frozenset({"regex", "idn-email", "idn-hostname", "json-pointer",
                                    "relative-json-pointer", "iri", "iri-reference",
                                    "uri-template"})
 # Formats xgrammar enforces; jsonschema checks them when its [format] extras are installed.
@@ -63,24 +68,23 @@ def rewrite_string(node: dict, pointer: str) -> None:
         node["pattern"] = length_pattern(node.pop("minLength", 0), node.pop("maxLength", None))
         return
     if pattern is not None:
-        if _BAD_REGEX.search(pattern) or _misplaced_anchor(pattern):
-            raise refuse("pattern", pointer, f"regex {pattern!r} uses syntax (lookaround, "
-                         f"\\b, \\p, backreferences, or negated \\d \\w \\s classes) that "
-                         f"cannot be enforced exactly")
-        for kw in ("minLength", "maxLength"):
-            if kw in node:
-                raise refuse(kw, pointer, "length bounds together with 'pattern' are not "
-                                          "enforced by the grammar backend")
+        check_pattern(pattern, "pattern", pointer)
+        if "minLength" in node or "maxLength" in node:
+            pattern = bounded_pattern(pattern, node.pop("minLength", 0),
+                                      node.pop("maxLength", None), pointer)
         node["pattern"] = fix_optional_groups(pattern)
     if fmt is None or "string" not in as_list(node.get("type", "string")):
         node.pop("format", None)
         return
     if fmt in FORMAT_PATTERNS:
-        for kw in ("pattern", "minLength", "maxLength"):
-            if kw in node:
-                raise refuse(kw, pointer, f"'{kw}' together with format '{fmt}' is not "
-                                          f"supported")
-        node["pattern"] = fix_optional_groups(FORMAT_PATTERNS[node.pop("format")])
+        if "pattern" in node:
+            raise refuse("pattern", pointer, f"'pattern' together with format '{fmt}' is not "
+                                             f"supported")
+        pattern = FORMAT_PATTERNS[node.pop("format")]
+        if "minLength" in node or "maxLength" in node:  # kept where the format's lengths fit
+            pattern = bounded_pattern(pattern, node.pop("minLength", 0),
+                                      node.pop("maxLength", None), pointer)
+        node["pattern"] = fix_optional_groups(pattern)
     elif fmt in UNENFORCEABLE_FORMATS:
         raise refuse("format", pointer, f"format '{fmt}' cannot be enforced; supported: "
                      f"{sorted(FORMAT_PATTERNS) + sorted(XGRAMMAR_FORMATS)}")
@@ -93,6 +97,22 @@ def rewrite_string(node: dict, pointer: str) -> None:
                                           f"supported")
     else:
         node.pop("format")  # a format no validator checks: dropping it is exact
+
+
+def whole_match_body(pattern: str) -> str:
+    """The pattern as the grammar matches it, whole: its edge anchors dropped."""
+    body = pattern.removeprefix("^")
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    return body
+
+
+def check_pattern(pattern: str, keyword: str, pointer: str) -> None:
+    """Refuse a regex whose meaning differs between the grammar backend and Python's re."""
+    if _BAD_REGEX.search(pattern) or _misplaced_anchor(pattern):
+        raise refuse(keyword, pointer, f"regex {pattern!r} uses syntax (lookaround, \\b, \\p, "
+                     f"backreferences, or negated \\d \\w \\s classes) that cannot be "
+                     f"enforced exactly")
 
 
 def _regex_pieces(pattern: str):
@@ -141,3 +161,104 @@ def _misplaced_anchor(pattern: str) -> bool:
                         or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|")):
             return True
     return False
+
+
+# a top-level piece of a pattern: a class, an escape, a group or one character, and its
+# quantifier (greedy or lazy)
+_PIECE = re.compile(r"(\[\^?\]?(?:\\.|[^\]])*\]|\\.|\((?:\\.|\[(?:\\.|[^\]])*\]|[^()])*\)|[^|()])"
+                    r"((?:[?*+]|\{\d+(?:,\d*)?\})\??)?")
+
+
+def bounded_pattern(pattern: str, min_length: int, max_length: int | None, pointer: str) -> str:
+    """`pattern` with minLength / maxLength folded in: the intersection of the two languages.
+
+    The grammar matches a pattern whole (its edge anchors dropped), so the strings it admits
+    have the lengths of that whole match: bounds those lengths already meet are dropped; a
+    pattern whose pieces are all of fixed width but one repetition gets that repetition's
+    counts narrowed to the bounds (`^[a-z]+$`, maxLength 8 -> `^[a-z]{1,8}$`). Anything else
+    is refused, naming the keyword."""
+    keyword = "maxLength" if max_length is not None else "minLength"
+    body = whole_match_body(pattern)
+    head = "^" if pattern.startswith("^") else ""
+    tail = "$" if len(head) + len(body) < len(pattern) else ""
+    top = max_length if max_length is not None else math.inf
+    try:
+        low, high = sre_parse.parse(body).getwidth()
+    except (re.error, RecursionError, OverflowError):
+        raise refuse(keyword, pointer, "length bounds beside a pattern it cannot analyse") from None
+    if low >= min_length and high <= top:
+        return pattern
+    pieces = _pieces(body)
+    if pieces is None:
+        raise refuse(keyword, pointer, "length bounds beside this pattern cannot be enforced "
+                                       "exactly (only beside one repetition of fixed width)")
+    fixed, variable = 0, []
+    for i, (atom, quantifier) in enumerate(pieces):
+        width = sre_parse.parse(atom).getwidth()
+        counts = _counts(quantifier)
+        if width[0] != width[1] or width[0] == 0:
+            raise refuse(keyword, pointer, "length bounds beside a pattern piece of varying "
+                                           "width cannot be enforced exactly")
+        if counts[0] == counts[1]:
+            fixed += width[0] * counts[0]
+        else:
+            variable.append((i, width[0], counts))
+    if not variable:
+        raise refuse(keyword, pointer, "the pattern's whole matches never have these lengths")
+    counts = _share_lengths(variable, min_length - fixed, top - fixed)
+    if counts is None:
+        raise ConstraintError(f"the pattern {pattern!r} and the length bounds at "
+                              f"{pointer or '/'} admit no string together")
+    for (i, _, _), (least, most) in zip(variable, counts):
+        span = str(least) if least == most else f"{least},{'' if most == math.inf else most}"
+        pieces[i] = (pieces[i][0], f"{{{span}}}")
+    return head + "".join(atom + quantifier for atom, quantifier in pieces) + tail
+
+
+def _pieces(body: str) -> list[tuple[str, str]] | None:
+    """The top-level pieces of a pattern without alternation, or None."""
+    pieces, at = [], 0
+    while at < len(body):
+        match = _PIECE.match(body, at)
+        if match is None:
+            return None
+        quantifier = match.group(2) or ""
+        if quantifier.endswith("?") and len(quantifier) > 1:
+            quantifier = quantifier[:-1]  # laziness does not change the language
+        pieces.append((match.group(1), quantifier))
+        at = match.end()
+    return pieces
+
+
+def _counts(quantifier: str) -> tuple[int, float]:
+    if not quantifier:
+        return 1, 1
+    if quantifier in ("?", "*", "+"):
+        return {"?": (0, 1), "*": (0, math.inf), "+": (1, math.inf)}[quantifier]
+    low, _, high = quantifier[1:-1].partition(",")
+    if not _:
+        return int(low), int(low)
+    return int(low), int(high) if high else math.inf
+
+
+def _share_lengths(variable: list, need: float, room: float) -> list | None:
+    """Counts (least, most) for repetitions [(index, width, (least, most))] whose widths add up
+    to at least `need` and at most `room` characters: the minima raised in order until `need`
+    is met, then the rest of `room` shared out evenly (None: no counts fit)."""
+    counts = [list(c) for _, _, c in variable]
+    widths = [w for _, w, _ in variable]
+    for k, width in enumerate(widths):
+        short = need - sum(c[0] * w for c, w in zip(counts, widths))
+        if short <= 0:
+            break
+        counts[k][0] = min(counts[k][1], counts[k][0] + -(-short // width))
+    if need - sum(c[0] * w for c, w in zip(counts, widths)) > 0:
+        return None
+    spare = room - sum(c[0] * w for c, w in zip(counts, widths))
+    if spare < 0:
+        return None
+    if spare != math.inf:
+        share = spare // len(counts)
+        for c, width in zip(counts, widths):
+            c[1] = min(c[1], c[0] + share // width)
+    return [tuple(c) for c in counts]

@@ -1,0 +1,186 @@
+"""Object keywords for schema_check that xgrammar 0.2.8 enforces only in some forms:
+patternProperties, propertyNames, and minProperties beside undeclared keys.
+
+Probed facts these rules rest on (strict mode, compact separators):
+- a patternProperties or propertyNames pattern is matched whole (its edge anchors dropped): the
+  keys it admits are a subset of those the pattern matches anywhere, as JSON Schema reads it;
+- a key admitted by a pattern may also be a declared property's name, and is then written with
+  the pattern's value schema only; beside patternProperties, additionalProperties admits any
+  key with its own schema (even one a pattern matches). Neither is what the schema says, so
+  such overlaps are refused and additionalProperties is dropped (undeclared keys that match no
+  pattern are not generated: stricter);
+- undeclared keys may repeat (`{"x": 1, "x": 2}`): a parser keeps one, so minProperties counts
+  only the keys that are surely distinct.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import interegular
+
+from guided.errors import ConstraintError
+from guided.fsm.schema_formats import (
+    MAX_PATTERN_LENGTH,
+    bounded_pattern,
+    check_pattern,
+    fix_optional_groups,
+    length_pattern,
+    whole_match_body,
+)
+from guided.fsm.schema_merge import ANNOTATIONS, json_text, refuse, where
+
+
+def rewrite_pattern_properties(node: dict, pointer: str) -> None:
+    """Declared names a pattern matches get its schema too (allOf); overlapping patterns with
+    different schemas, and a pattern that admits a declared name whose schema differs, are
+    refused; additionalProperties is dropped (see the module docstring)."""
+    patterns = node.get("patternProperties")
+    if not patterns:
+        return
+    if "propertyNames" in node:
+        raise refuse("propertyNames", pointer, "propertyNames beside patternProperties is not "
+                                               "supported")
+    for pattern in patterns:
+        check_pattern(pattern, "patternProperties", pointer)
+    extra = node.pop("additionalProperties", True)
+    props = dict(node.get("properties", {}))
+    required = node.get("required", [])
+    for name in required:
+        if name not in props:
+            if any(re.search(p, name) for p in patterns):
+                props[name] = {}
+            elif extra is False:
+                raise ConstraintError(f"required property {name!r} at {where(pointer)} is "
+                                      f"forbidden by additionalProperties false")
+            else:
+                props[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+    for name in list(props):
+        original = props[name]
+        matched = [patterns[p] for p in patterns if re.search(p, name)]
+        if any(s is False for s in matched):
+            if name in required:
+                raise ConstraintError(f"required property {name!r} at {where(pointer)} is "
+                                      f"forbidden by a patternProperties `false`")
+            del props[name]
+            continue
+        if matched:
+            props[name] = {"allOf": [props[name], *matched]}
+        needed = [s for s in (original, *matched) if not _same(s, {})]
+        for p, schema in patterns.items():
+            if re.fullmatch(whole_match_body(p), name) and not all(_same(s, schema)
+                                                                   for s in needed):
+                raise refuse("patternProperties", pointer, f"pattern {p!r} also admits the "
+                             f"declared property {name!r}, whose schema differs")
+    _refuse_overlaps(patterns, pointer)
+    node["properties"] = props
+    node["patternProperties"] = {fix_optional_groups(p): s for p, s in patterns.items()
+                                 if s is not False}
+    if not node["patternProperties"]:
+        del node["patternProperties"]
+
+
+def rewrite_property_names(node: dict, pointer: str, validator) -> None:
+    """propertyNames: declared names it refuses are dropped (refused if required); undeclared
+    keys get its pattern or enum, for xgrammar to enforce."""
+    names = node.pop("propertyNames", None)
+    if names is None or names is True:
+        return
+    at = f"{pointer}/propertyNames"
+    if names is False:
+        raise refuse("propertyNames", pointer, "propertyNames `false` is not supported")
+    if "patternProperties" in node:
+        raise refuse("propertyNames", pointer, "propertyNames beside patternProperties is not "
+                                               "supported")
+    names = {k: v for k, v in names.items() if k not in ANNOTATIONS}
+    if names.get("type") == "string":
+        names.pop("type")
+    check = validator.evolve(schema=names)
+    props = node.get("properties")
+    required = node.get("required", [])
+    for name in list(props or {}):
+        if not check.is_valid(name):
+            if name in required:
+                raise ConstraintError(f"required property {name!r} at {where(pointer)} is not "
+                                      f"a name propertyNames admits")
+            del props[name]
+    for name in required:
+        if (props is None or name not in props) and not check.is_valid(name):
+            raise ConstraintError(f"required property {name!r} at {where(pointer)} is not a "
+                                  f"name propertyNames admits")
+    extra = node.get("additionalProperties", True if not props else False)
+    if extra is False:
+        return  # no undeclared key is generated
+    keys = _undeclared_keys(names, check, props or {}, extra, at)
+    if keys is None:
+        node["additionalProperties"] = False
+        node.setdefault("properties", {})
+    else:
+        node["propertyNames"] = keys
+
+
+def _undeclared_keys(names: dict, check, props: dict, extra: Any, at: str) -> dict | None:
+    """The propertyNames schema xgrammar gets for undeclared keys (None: no key is left)."""
+    if not set(names) <= {"pattern", "enum", "const", "minLength", "maxLength"}:
+        raise refuse("propertyNames", at, "only a pattern, an enum or length bounds are "
+                                          "supported")
+    if "enum" in names or "const" in names:
+        values = names["enum"] if "enum" in names else [names["const"]]
+        keys = [v for v in values if isinstance(v, str) and check.is_valid(v) and v not in props]
+        return {"enum": list(dict.fromkeys(keys))} if keys else None
+    pattern = names.get("pattern")
+    low, high = names.get("minLength", 0), names.get("maxLength")
+    if pattern is None:
+        if high is not None and high > MAX_PATTERN_LENGTH:
+            raise refuse("propertyNames", at, f"a maxLength over {MAX_PATTERN_LENGTH} is not "
+                                              f"supported")
+        pattern = length_pattern(low, high)
+    else:
+        check_pattern(pattern, "propertyNames", at)
+        if "minLength" in names or "maxLength" in names:
+            pattern = bounded_pattern(pattern, low, high, at)
+    for name, schema in props.items():
+        if re.fullmatch(whole_match_body(pattern), name) and not _same(schema, extra):
+            raise refuse("propertyNames", at, f"its pattern admits the declared property "
+                                              f"{name!r}, whose schema differs")
+    return {"pattern": fix_optional_groups(pattern)}
+
+
+def check_min_properties(node: dict, pointer: str) -> None:
+    """Refuse a minProperties that repeated undeclared keys could meet without distinct keys."""
+    least = node.get("minProperties", 0)
+    open_keys = ("patternProperties" in node or "propertyNames" in node
+                 or node.get("additionalProperties", False) is not False)
+    if open_keys and least > max(1, len(set(node.get("required", [])))):
+        raise refuse("minProperties", pointer, "beside undeclared keys (which may repeat), "
+                                               "only as many as the required properties")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two subschemas are the same constraint (`true` and `{}` alike)."""
+    return json_text({} if a is True else a) == json_text({} if b is True else b)
+
+
+def _refuse_overlaps(patterns: dict, pointer: str) -> None:
+    """A key one pattern admits whole and another matches anywhere must have one schema."""
+    items = list(patterns.items())
+    for i, (p, ps) in enumerate(items):
+        for q, qs in items[i + 1:]:
+            if _same(ps, qs):
+                continue
+            if not (_never_both(p, q) and _never_both(q, p)):
+                raise refuse("patternProperties", pointer, f"patterns {p!r} and {q!r} may "
+                             f"match one key and their schemas differ")
+
+
+def _never_both(whole: str, anywhere: str) -> bool:
+    """True if no key matches `whole` whole and `anywhere` somewhere (False if unsure)."""
+    body = whole_match_body(anywhere)
+    search = ("" if anywhere.startswith("^") else "(.|\n)*") + f"({body})" + (
+        "" if body != anywhere.removeprefix("^") else "(.|\n)*")
+    try:
+        fsm = interegular.parse_pattern(whole_match_body(whole)).to_fsm()
+        return (fsm & interegular.parse_pattern(search).to_fsm()).empty()
+    except Exception:  # noqa: BLE001 - syntax interegular does not know: unsure
+        return False

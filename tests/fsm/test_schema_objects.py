@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pytest
+from grammar_oracle import Oracle
+
+from guided.errors import ConstraintError
+from guided.fsm.schema_check import check_schema
+
+
+def test_pattern_properties_are_enforced():
+    oracle = Oracle({"type": "object", "properties": {"name": {"type": "string"}},
+                     "required": ["name"],
+                     "patternProperties": {"^x-": {"type": "integer"}, "^y": {"type": "boolean"}},
+                     "additionalProperties": {"type": "null"}})
+    oracle.assert_judges(valid=[{"name": "a"}, {"name": "a", "x-": 1}, {"name": "b", "y": True}],
+                         invalid=[{"name": "a", "x-": "s"}, {"name": "a", "y": 1}, {}])
+    assert not oracle.admits_value({"name": "a", "other": None})  # additional keys: dropped
+    assert oracle.assert_sound() >= 20
+
+
+def test_pattern_properties_apply_to_declared_names():
+    oracle = Oracle({"type": "object", "properties": {"xa": {"minimum": 3}},
+                     "patternProperties": {"^x": {"type": "integer"}}})
+    oracle.assert_judges(valid=[{"xa": 3}, {}], invalid=[{"xa": 3.5}, {"xa": 1}, {"xa": "s"}])
+    oracle.assert_sound()
+
+
+@pytest.mark.parametrize("schema", [
+    # the pattern admits the declared name "a" with another schema
+    {"type": "object", "properties": {"a": {"type": "string"}},
+     "patternProperties": {"^[a-z]$": {"type": "integer"}}},
+    # a key may match both patterns, whose schemas differ
+    {"type": "object", "patternProperties": {"^a.*": {"type": "integer"}, "b": {"minimum": 5}}},
+    # undeclared keys may repeat: two distinct keys are not sure
+    {"type": "object", "patternProperties": {"^x": {}}, "minProperties": 2},
+])
+def test_pattern_properties_refused_where_not_exact(schema):
+    with pytest.raises(ConstraintError):
+        check_schema(schema)
+
+
+def test_property_names():
+    oracle = Oracle({"type": "object", "properties": {"a": {"type": "integer"},
+                                                      "BAD": {"type": "string"}},
+                     "propertyNames": {"pattern": "^[a-z]+$"},
+                     "additionalProperties": {"type": "integer"}})
+    oracle.assert_judges(valid=[{"a": 1}, {"b": 2}, {"a": 1, "bc": 3}],
+                         invalid=[{"BAD": "s"}, {"B": 1}, {"b": "s"}])
+    oracle.assert_sound()
+    oracle = Oracle({"type": "object", "propertyNames": {"enum": ["a", "b", 3]}})
+    oracle.assert_judges(valid=[{"a": 1}, {"b": [1]}], invalid=[{"c": 1}])
+    oracle.assert_sound()
+    oracle = Oracle({"type": "object", "propertyNames": {"maxLength": 2}})
+    oracle.assert_judges(valid=[{"ab": 1}], invalid=[{"abc": 1}])
+    oracle.assert_sound()
+    with pytest.raises(ConstraintError, match="propertyNames"):
+        check_schema({"type": "object", "properties": {"a": {"type": "string"}},
+                      "required": ["a"], "propertyNames": {"pattern": "^b"}})
