@@ -25,7 +25,7 @@ from common import markdown_table, progress, workload_schemas
 
 from guided.config import EngineConfig
 from guided.errors import ConstraintError
-from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.masks.bitmask_fill import fill_bitmasks
 from guided.fsm.compiler import GrammarCompiler
 from guided.params import ConstraintSpec
 from guided.worker import loader

@@ -148,7 +148,7 @@ class DeliveryCounter:
 def serve_child(port: int) -> None:
     import uvicorn
 
-    from guided.async_engine import AsyncEngine
+    from guided.serving.async_engine import AsyncEngine
     from guided.server.app import create_app
 
     fake = paced_engine()
@@ -344,7 +344,7 @@ class ReplayEngine:
 def step_row(outputs: int, context: int, steps: int = 20, rounds: int = 25) -> dict:
     """Time AsyncEngine._step on this thread; between steps (not timed) the event loop runs the
     deliveries and a consumer per stream takes them, as a server's loop would."""
-    from guided.async_engine import AsyncEngine, RequestStream
+    from guided.serving.async_engine import AsyncEngine, RequestStream
     from guided.outputs import RequestMetrics, RequestOutput
 
     ids = [f"req-{i}" for i in range(outputs)]

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests" / "fsm"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import torch
 from grammar_soundness import DATA, load_cases
@@ -42,7 +42,7 @@ def main() -> None:
 
     from guided.config import EngineConfig
     from guided.errors import ConstraintError
-    from guided.fsm.bitmask_fill import fill_bitmasks
+    from guided.masks.bitmask_fill import fill_bitmasks
     from guided.fsm.compiler import GrammarCompiler
     from guided.params import ConstraintSpec
 

@@ -15,7 +15,7 @@ import torch
 from common import ROOT  # noqa: F401  (puts the checkout on sys.path)
 
 from guided.config import EngineConfig
-from guided.engine import Engine
+from guided.engine.core import Engine
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:

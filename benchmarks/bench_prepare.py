@@ -25,7 +25,7 @@ except ImportError:  # run from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import per_call_us
-from guided.engine import Engine
+from guided.engine.core import Engine
 from guided.params import SamplingParams
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import ScheduledRequest, SchedulerOutput

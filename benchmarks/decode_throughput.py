@@ -22,7 +22,7 @@ import torch
 
 from guided import SamplingParams
 from guided.config import EngineConfig
-from guided.engine import Engine
+from guided.engine.core import Engine
 
 
 def copy_bandwidth(device: torch.device) -> float:

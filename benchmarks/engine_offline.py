@@ -24,9 +24,9 @@ from common import add_offline_args
 
 from guided import SamplingParams
 from guided.config import EngineConfig
-from guided.engine import Engine
-from guided.heap import GcTimer
-from guided.step_times import StepTimes
+from guided.engine.core import Engine
+from guided.engine.heap import GcTimer
+from guided.engine.step_times import StepTimes
 
 
 GC = GcTimer()

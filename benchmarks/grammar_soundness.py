@@ -124,7 +124,7 @@ class Checker:
         from guided.fsm.compiler import GrammarCompiler
 
         if tokenizer is None:
-            sys.path.insert(0, str(ROOT / "tests" / "fsm"))
+            sys.path.insert(0, str(ROOT / "tests"))
             from conftest import load_test_tokenizer
 
             tokenizer = load_test_tokenizer()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from guided import SamplingParams
 from guided.config import EngineConfig
-from guided.engine import Engine
+from guided.engine.core import Engine
 
 
 def cuda_time(fn, reps: int = 50) -> float:

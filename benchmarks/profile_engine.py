@@ -19,8 +19,8 @@ import pstats
 from common import add_offline_args
 from engine_offline import compile_all, load, run
 
-from guided.engine import Engine
-from guided.fsm import bitmask_fill
+from guided.engine.core import Engine
+from guided.masks import bitmask_fill
 
 
 def main() -> None:

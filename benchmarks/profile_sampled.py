@@ -29,7 +29,7 @@ MARKERS = {"measured_constrained": "constrained", "measured_free": "free"}
 def child(args) -> None:
     from engine_offline import compile_all, load, run
 
-    from guided.engine import Engine
+    from guided.engine.core import Engine
 
     options = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     engine = Engine(model=args.model, max_num_seqs=args.concurrency, **options)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from guided.stats_log import thread_group
+from guided.server.stats_log import thread_group
 
 _PY_FRAME = re.compile(r"\.py:\d+\)$")
 _GIL_FRAMES = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyEval_AcquireLock",

@@ -47,7 +47,7 @@ class EngineConfig:
     # memory-bound knee every drafted slot costs compute (and a mask row); None: no cap
     max_draft_tokens_per_step: int | None = None
     # overlapped scheduling: drafts anchored on a request's in-flight sample only while such
-    # proposals gain at least this many tokens each on average (guided/drafts.py AnchorPayoff);
+    # proposals gain at least this many tokens each on average (guided/engine/drafts.py AnchorPayoff);
     # a random-weights model gains ~0 and its drafts cost more than they save (RESULTS, session
     # 11); a large negative value anchors always
     min_anchor_gain: float = 0.5
@@ -148,7 +148,7 @@ class EngineConfig:
     # the host (guided/worker/device_timeline.py; benchmarks only: a few events a step)
     device_timeline: bool = False
     # the server logs what it is doing (requests, tokens a second, cache hits, step phases)
-    # this often while it has work (guided/stats_log.py); 0: never
+    # this often while it has work (guided/server/stats_log.py); 0: never
     log_stats_interval_s: float = 10.0
 
     def __post_init__(self) -> None:

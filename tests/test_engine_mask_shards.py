@@ -63,9 +63,9 @@ def test_shards_give_the_same_outputs_as_in_process_masks(overlap):
 
 
 def test_no_shards_by_default_off_the_gpu_even_when_overlapped(monkeypatch):
-    import guided.engine
+    import guided.engine.core
 
-    monkeypatch.setattr(guided.engine, "NUM_CPUS", 64)  # a roomy host: only the device decides
+    monkeypatch.setattr(guided.engine.core, "NUM_CPUS", 64)  # a roomy host: only the device decides
     llm = LLM(num_kv_blocks=64, max_num_seqs=2, device="cpu", async_scheduling=True)
     try:
         assert llm.engine.overlap and llm.engine.mask_processes == 0

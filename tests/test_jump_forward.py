@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
-from guided.drafts import DraftProposer
+from guided.engine.drafts import DraftProposer
 from guided.fsm.jump_forward import (
     complete_utf8_prefix,
     propose_anchored_drafts,
     propose_draft_tokens,
     retokenize,
 )
-from guided.ngram import NgramIndex
+from guided.engine.ngram import NgramIndex
 from guided.params import ConstraintSpec
 from guided.scheduler.request import Request
 

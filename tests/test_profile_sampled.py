@@ -14,12 +14,12 @@ MAIN = "thread (1): MainThread;<module> (profile_sampled.py:140);child (profile_
 def test_samples_split_by_mode_and_counted_per_step(tmp_path, capsys):
     stacks = tmp_path / "stacks.txt"
     constrained = f"{MAIN};child.<locals>.measured_constrained (profile_sampled.py:42)"
-    step = "Engine.step (guided/engine.py:197)"
+    step = "Engine.step (guided/engine/core.py:197)"
     stacks.write_text("\n".join([
-        f"{constrained};{step};Engine._update (guided/engine.py:245) 30",
+        f"{constrained};{step};Engine._update (guided/engine/core.py:245) 30",
         f"{constrained};{step};ModelRunner.prepare (guided/worker/model_runner.py:9) 10",
         f"{MAIN};child.<locals>.measured_free (profile_sampled.py:45);{step} 20",
-        f"{MAIN};compile_all (engine_offline.py:83);Engine.step (guided/engine.py:197) 500",
+        f"{MAIN};compile_all (engine_offline.py:83);Engine.step (guided/engine/core.py:197) 500",
         "thread (2): grammar-compile-0;_work (guided/fsm/compiler.py:230) 900",
     ]) + "\n")
     profile_sampled.analyze(str(stacks), {"constrained": 10, "free": 4}, rate=1000, top=5)
@@ -28,6 +28,6 @@ def test_samples_split_by_mode_and_counted_per_step(tmp_path, capsys):
     assert "## constrained: 40 samples, 10 steps, 4.00 ms a step sampled" in out
     assert "## free: 20 samples, 4 steps, 5.00 ms a step sampled" in out
     constrained = out.split("## free")[0]
-    assert "   3.000 | guided/engine.py:Engine._update" in constrained
-    assert "   4.000 | guided/engine.py:Engine.step" in constrained  # inclusive
+    assert "   3.000 | guided/engine/core.py:Engine._update" in constrained
+    assert "   4.000 | guided/engine/core.py:Engine.step" in constrained  # inclusive
     assert "compiler.py" not in out

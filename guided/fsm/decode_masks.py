@@ -21,8 +21,8 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from guided.fsm.bitmask_fill import fill_bitmasks
-from guided.fsm.side_fill import SideFill, side_fill_for, wait_fills
+from guided.masks.bitmask_fill import fill_bitmasks
+from guided.masks.side_fill import SideFill, side_fill_for, wait_fills
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import SchedulerOutput
 

@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass
 
 from guided.fsm.matcher import Matcher
-from guided.ngram import NgramIndex
+from guided.engine.ngram import NgramIndex
 
 MAX_BOUNDARY_TOKENS = 4
 # bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's

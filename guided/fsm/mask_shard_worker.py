@@ -54,7 +54,7 @@ def serve(conn) -> None:
         compile_recipe,
         token_ban,
     )
-    from guided.fsm.bitmask_fill import (
+    from guided.masks.bitmask_fill import (
         allowed_counts,
         apply_bans,
         note_ban,
@@ -64,7 +64,7 @@ def serve(conn) -> None:
     from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
     from guided.fsm.vocab import TokenVocab
     from guided.fsm.watchdog_pool import lower_thread_priority
-    from guided.ngram import NgramIndex
+    from guided.engine.ngram import NgramIndex
 
     torch.set_num_threads(1)
     try:

@@ -32,7 +32,7 @@ from multiprocessing.connection import Listener
 
 from guided.fsm.shard_drafts import ShardDrafts
 from guided.fsm.shard_grammars import MAX_SHIPPED_BYTES, ShardGrammars, _Mirror
-from guided.step_times import StepTimes
+from guided.engine.step_times import StepTimes
 
 log = logging.getLogger(__name__)
 

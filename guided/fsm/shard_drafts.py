@@ -1,6 +1,6 @@
 """The jump-forward half of the mask shards' work (guided/fsm/mask_shards.py): a request
 mirrored in a shard has its next drafts walked there, on its mirror matcher, beside the step
-loop, which only plans them (guided/drafts.py) and waits for the replies before it schedules.
+loop, which only plans them (guided/engine/drafts.py) and waits for the replies before it schedules.
 In the loop the walks cost 1.5 ms a step of the default model's host time at 64 requests and
 2.9 ms at 256 on an H100's host (benchmarks/RESULTS.md, session 14). A shard that fails hands
 its asks back: the loop's own matchers hold the same committed tokens."""

@@ -3,7 +3,7 @@
 The sampler draws token_b = argmax_j (logit_bj + T_b * g_bj) on seeded noise g (bitmask.py).
 Restricted to any allowed set S, the argmax over S is the first token of S in the descending
 order of those scores: the exact sample of the masked distribution. So for a row sampled without
-its grammar mask (guided/fsm/lazy_masks.py), the host can take the first of its K best tokens
+its grammar mask (guided/masks/lazy.py), the host can take the first of its K best tokens
 the grammar accepts and need not run the position again; only where all K lie outside does it
 (see the engine's update). Greedy rows (T <= 1e-5) order by the logits alone.
 

@@ -6,14 +6,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from guided.detokenizer import held_back
-from guided.ngram import NgramIndex
+from guided.engine.detokenizer import held_back
+from guided.engine.ngram import NgramIndex
 from guided.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from guided.params import SamplingParams
 
 if TYPE_CHECKING:
     from guided.fsm.matcher import Matcher
-    from guided.fsm.side_fill import SideFill
+    from guided.masks.side_fill import SideFill
     from guided.scheduler.scheduler import ScheduledRequest
 
 

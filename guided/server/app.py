@@ -13,9 +13,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from guided.async_engine import AsyncEngine, RequestStream
+from guided.serving.async_engine import AsyncEngine, RequestStream
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
-from guided.metrics import CONTENT_TYPE, ServerMetrics
+from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds in-flight requests may finish at shutdown")
     serve.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                        help="run the engine in a process of its own, apart from the HTTP "
-                            "server's event loop and its GIL (guided/engine_process.py)")
+                            "server's event loop and its GIL (guided/serving/engine_process.py)")
     add_engine_flags(serve)
 
     gen = sub.add_parser("generate", help="generate offline for one prompt")
@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guided.async_engine import AsyncEngine
+    from guided.serving.async_engine import AsyncEngine
     from guided.errors import InvalidRequestError
     from guided.server.app import create_app
 
@@ -123,7 +123,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"guided serve: {e}", file=sys.stderr)
         return 2
     if args.engine_process:
-        from guided.engine_client import EngineClient
+        from guided.serving.client import EngineClient
 
         engine = EngineClient(config, log_level=args.log_level)
     else:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from guided.async_engine import RequestStream
+from guided.serving.async_engine import RequestStream
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible

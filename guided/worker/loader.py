@@ -182,7 +182,7 @@ def load_tokenizer(model: str = "default"):
     # converted from a GGUF here (convert_gguf): a GGUF's text is its tokens' bytes, as
     # llama.cpp decodes them (no "clean-up" of the spaces before punctuation); a converted
     # config that does not say so gets some transformers versions' default, True, whose Python
-    # decode costs ~3x the Rust one on the engine's hot path (guided/detokenizer.py)
+    # decode costs ~3x the Rust one on the engine's hot path (guided/engine/detokenizer.py)
     options = ({"clean_up_tokenization_spaces": False} if model_dir.parent == cache_root()
                else {})
     return AutoTokenizer.from_pretrained(str(model_dir), **options)

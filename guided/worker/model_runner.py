@@ -11,10 +11,10 @@ from itertools import pairwise
 import torch
 
 from guided.config import EngineConfig
-from guided.fsm.bitmask_fill import apply_bans
-from guided.fsm.step_masks import MaskFill
+from guided.masks.bitmask_fill import apply_bans
+from guided.masks.step_masks import MaskFill
 from guided.scheduler.scheduler import SchedulerOutput
-from guided.step_times import StepTimes
+from guided.engine.step_times import StepTimes
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.decode_steps import DecodeSteps

@@ -175,7 +175,7 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
         if matcher.is_terminated():
             jsonschema.validate(json.loads(text), schema)
     # the batched fill (xgrammar's BatchGrammarMatcher) applies the same exclusion
-    from guided.fsm.bitmask_fill import fill_bitmasks
+    from guided.masks.bitmask_fill import fill_bitmasks
 
     matchers = [grammar.matcher() for _ in range(3)]
     for m, prefix in zip(matchers, [b'{"id": "a', b'{"id": "", "code": "ab', b'{"id": "", "code": '

@@ -83,8 +83,8 @@ def test_a_late_heavy_row_sits_out_the_step_and_its_fill_is_kept(compiler, token
     untouched) serves the next step, or the next call, at the same state."""
     from concurrent.futures import Future
 
-    from guided.fsm import side_fill
-    from guided.fsm.side_fill import SideFill
+    from guided.masks import side_fill
+    from guided.masks.side_fill import SideFill
 
     sched, rows = batch(compiler, tokenizer, ["ab(c|d)", "x+"])
     heavy = sched.scheduled[1].request

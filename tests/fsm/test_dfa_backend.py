@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 
 from guided.config import EngineConfig
 from guided.fsm.backends.dfa_backend import DfaMatcher, DfaVocab, TokenDfa, fill_dfa_rows
-from guided.fsm.bitmask_fill import fill_bitmasks
+from guided.masks.bitmask_fill import fill_bitmasks
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_check import check_schema
 from guided.fsm.schema_regex import schema_regex

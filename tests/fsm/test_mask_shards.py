@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from guided.fsm.backends.xgrammar_backend import Recipe, token_ban
-from guided.fsm.bitmask_fill import allowed_counts, fill_draft_rows
+from guided.masks.bitmask_fill import allowed_counts, fill_draft_rows
 from guided.fsm.mask_shards import MaskShards
 from guided.params import ConstraintSpec
 from guided.worker.host_bitmasks import HostBitmasks

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from guided.config import EngineConfig
-from guided.fsm.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
+from guided.masks.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
 from guided.fsm.compiler import GrammarCompiler
 from guided.params import ConstraintSpec
 

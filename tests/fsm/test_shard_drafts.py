@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from guided.fsm.backends.xgrammar_backend import token_ban
-from guided.fsm.bitmask_fill import fill_draft_rows
+from guided.masks.bitmask_fill import fill_draft_rows
 from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
 from guided.fsm.mask_shards import MaskShards
-from guided.ngram import NgramIndex
+from guided.engine.ngram import NgramIndex
 from guided.params import ConstraintSpec
 from guided.worker.host_bitmasks import HostBitmasks
 

@@ -1,4 +1,4 @@
-"""A model-free stand-in for guided.engine.Engine (same API) for fast server and async tests.
+"""A model-free stand-in for guided.engine.core.Engine (same API) for fast server and async tests.
 
 The output of a request is scripted by its prompt: the text after the last "ECHO:" (up to the
 next "<|im_end|>") is emitted one byte-token per step. "RAISE" makes step() raise; "SLOW" emits

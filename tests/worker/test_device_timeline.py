@@ -7,7 +7,7 @@ import torch
 
 from guided import SamplingParams
 from guided.config import EngineConfig
-from guided.engine import Engine
+from guided.engine.core import Engine
 from guided.worker.device_timeline import DeviceTimeline
 
 

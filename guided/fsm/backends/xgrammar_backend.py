@@ -17,7 +17,7 @@ from guided.fsm.char_budgets import budget_long_repetitions, has_budget
 from guided.fsm.grammar_bounds import check_grammar_bounds
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import fix_optional_groups
-from guided.fsm.string_ban import json_string_banned
+from guided.masks.string_ban import json_string_banned
 from guided.fsm.vocab import TokenVocab
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class XGrammarBackend:
 
     def json_string_ban(self) -> TokenBan:
         """json_ban and the tokens that cannot come next inside a JSON string at a character
-        boundary (guided/fsm/string_ban.py): what a lazy row there carries."""
+        boundary (guided/masks/string_ban.py): what a lazy row there carries."""
         ban = self.json_ban()
         with self._bans_lock:
             if self._json_string_ban is None:

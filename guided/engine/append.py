@@ -1,0 +1,93 @@
+"""A row's sampled tokens appended to their request: the grammar's accepts, the output ids, the
+text, and where the request finishes. A constrained step at 256 requests appends ~700 tokens
+(jump-forward rows carry several), so the text is decoded once per row, not once per token;
+a request with stop strings goes token by token, to cut its output at the one that stops."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guided.engine.detokenizer import Decode, detokenize_rest, detokenize_step, find_stop
+from guided.masks.lazy import note_json_token
+from guided.outputs import TokenLogprob
+from guided.scheduler.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: str  # "stop", "length" or "error"
+    stop_reason: int | str | None = None  # the stop token or stop string
+    error: str | None = None
+
+
+def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
+                  accepted: bool, decode: Decode, token_bytes: list[bytes],
+                  max_model_len: int, decode_at_finish: bool = True
+                  ) -> tuple[int, Finish | None]:
+    """Appends tokens (in order, up to where the request finishes) to the request; returns
+    how many were appended and the finish, if any. accepted: the request's matchers hold the
+    tokens already (a lazy row's, checked by the caller); else each is fed to them first, and
+    one they reject ends the request with an internal error, unappended. decode_at_finish
+    off: a request that wants only its final output is left to the caller to decode
+    (detokenize_final), at a time of its choosing."""
+    if request.params.stop_list and len(tokens) > 1:
+        total = 0
+        for j, token in enumerate(tokens):
+            n, finish = append_tokens(request, [token], None if logprobs is None
+                                      else logprobs[j:j + 1], accepted=accepted,
+                                      decode=decode, token_bytes=token_bytes,
+                                      max_model_len=max_model_len,
+                                      decode_at_finish=decode_at_finish)
+            total += n
+            if finish is not None:
+                return total, finish
+        return total, None
+    params, matcher = request.params, request.matcher
+    stop_ids = params.stop_token_ids or ()
+    room = min(request.max_tokens - len(request.output_token_ids),
+               max_model_len - request.num_tokens)
+    n = 0
+    finish = None
+    on_stop_token = False
+    for token in tokens:
+        if matcher is not None and not accepted and not request.accept_committed(token):
+            finish = Finish("error", error=f"the grammar rejected sampled token {token}")
+            break
+        n += 1
+        if token in request.eos_token_ids or token in stop_ids:
+            finish, on_stop_token = Finish("stop", token), True
+            break
+        if matcher is not None and matcher.ended_with(token):
+            finish = Finish("stop")
+            break
+        if n >= room:
+            finish = Finish("length")
+            break
+    # text_per_step off: the text waits for the finish, decoded at once (detokenize_rest)
+    per_step = params.text_per_step
+    if not n:
+        if finish is not None and not per_step and decode_at_finish:
+            detokenize_rest(decode, request, params.skip_special_tokens)
+        return 0, finish
+    new = tokens[:n]
+    output = request.output_token_ids
+    if request.json_string is not None:
+        note_json_token(request, b"".join([token_bytes[t] for t in new]))
+    if request.logprobs is not None and logprobs is not None:
+        request.logprobs.extend(TokenLogprob(t, lp[0], lp[1])
+                                for t, lp in zip(new, logprobs) if lp is not None)
+    # a stop token is kept in the ids but never decoded into the text
+    output.extend(new[:-1] if on_stop_token else new)
+    if not per_step:
+        if finish is not None and decode_at_finish:  # before a stop token joins the ids
+            detokenize_rest(decode, request, params.skip_special_tokens)
+    elif not on_stop_token or n > 1:
+        checked = len(request.text)
+        detokenize_step(decode, request, params.skip_special_tokens)
+        if params.stop_list:
+            hit = find_stop(request.text, params.stop_list, checked)
+            if hit is not None:
+                request.text = request.text[:hit[0]]
+                finish = Finish("stop", hit[1])
+    if on_stop_token:
+        output.append(new[-1])
+    return n, finish

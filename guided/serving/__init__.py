@@ -1,0 +1,1 @@
+"""The engine in its own process for the server: the process, its client, the messages between."""

@@ -1,0 +1,271 @@
+"""The server's end of an engine in its own process (guided/serving/engine_process.py says why): the
+event-loop side of AsyncEngine (compile, add_request, generate, abort, stats, shutdown), each
+call a message down a pipe, each answer and step's outputs a message back.
+
+A reader thread takes the engine's messages: it rebuilds each step's outputs from their deltas
+(guided/serving/output_wire.py) and hands the batch to the event loop in one call, as AsyncEngine's
+engine thread does. If the engine process dies, every open request ends with an error and
+every waiting call fails; /health then reports it.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from guided.serving.async_engine import _final, _resolve
+from guided.serving.engine_process import error_from, main
+from guided.errors import OverloadedError
+from guided.serving.output_wire import Received, decode
+from guided.outputs import EngineStats, RequestOutput
+from guided.params import ConstraintSpec, SamplingParams
+from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server reads of the engine at start (Server, the startup log)."""
+    model_name: str
+    config: Any
+    max_model_len: int
+    tokenizer: Any
+    device: str
+    dtype: str
+    initial_stats: EngineStats
+
+    def stats(self) -> EngineStats:
+        return self.initial_stats
+
+
+class EngineClient:
+    """An engine process and its pipes. Construct before the event loop runs (it waits for the
+    engine to load); then use from one asyncio event loop."""
+
+    def __init__(self, config, *, log_level: str = "info",
+                 on_finished: Callable[[RequestOutput], None] | None = None,
+                 start_timeout_s: float = 1800.0):
+        self.on_finished = on_finished  # called on the reader thread for each finished output
+        context = multiprocessing.get_context("spawn")  # CUDA is never forked
+        commands_in, self._commands = context.Pipe(duplex=False)
+        self._events, events_out = context.Pipe(duplex=False)
+        self._process = context.Process(target=main, name="guided-engine", daemon=True,
+                                        args=(config, commands_in, events_out, log_level))
+        self._process.start()
+        commands_in.close()  # the engine's ends: an exit of the engine is EOF here
+        events_out.close()
+        self.engine = self._wait_ready(start_timeout_s)
+        self._stats = self.engine.initial_stats
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, RequestStream] = {}
+        self._received: dict[str, Received] = {}  # reader thread only
+        self._last: dict[str, RequestOutput] = {}  # reader thread only: for a died engine's finals
+        self._adds: dict[str, asyncio.Future] = {}
+        self._compiles: dict[int, asyncio.Future] = {}
+        self._compile_ids = itertools.count()
+        self._accepting = True
+        self._alive = True
+        self._stopped: asyncio.Future | None = None
+        self.compile_queries = 0
+        self.compile_hits = 0
+        self.compiles_pending = 0
+        self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
+        self._reader.start()
+
+    def _wait_ready(self, timeout_s: float) -> EngineInfo:
+        deadline = time.monotonic() + timeout_s
+        while not self._events.poll(0.5):
+            if not self._process.is_alive():
+                raise RuntimeError(f"the engine process exited ({self._process.exitcode}) "
+                                   "while loading")
+            if time.monotonic() > deadline:
+                self._process.kill()
+                raise RuntimeError(f"the engine did not load within {timeout_s:.0f} s")
+        message = self._events.recv()
+        if message[0] != "ready":
+            self._process.join(10)
+            raise RuntimeError(f"the engine failed to start: {message[1]}")
+        info = message[1]
+        return EngineInfo(info["model_name"], info["config"], info["max_model_len"],
+                          info["tokenizer"], info["device"], info["dtype"], info["stats"])
+
+    # ---- event-loop side -------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._alive and self._process.is_alive()
+
+    def stats(self) -> EngineStats:
+        """The engine's stats as of its last message (never waits for the engine)."""
+        return self._stats
+
+    async def compile(self, spec: ConstraintSpec):
+        """Compile a constraint in the engine process; raises ConstraintError for a bad one."""
+        future = asyncio.get_running_loop().create_future()
+        compile_id = next(self._compile_ids)
+        self._compiles[compile_id] = future
+        self.compile_queries += 1
+        self.compiles_pending += 1
+        try:
+            self._send(("compile", compile_id, spec))
+            return await future
+        finally:
+            self.compiles_pending -= 1
+            self._compiles.pop(compile_id, None)
+
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          *, arrival_time: float | None = None) -> RequestStream:
+        """As AsyncEngine.add_request: errors before any output, a stream after."""
+        if not self._accepting or not self.is_running:
+            raise OverloadedError("the engine is shutting down")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        if params.constraint is not None:
+            await self.compile(params.constraint)
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, self, loop)
+        accepted = self._adds[request_id] = loop.create_future()
+        self._streams[request_id] = stream
+        try:
+            self._send(("add", request_id, prompt, params, arrival_time))
+            await accepted
+        except BaseException:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            self.abort(request_id)  # it may have been added meanwhile: do not leak it
+            raise
+        finally:
+            self._adds.pop(request_id, None)
+        return stream
+
+    def generate(self, request_id: str, prompt: str | list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request; closing or cancelling the consumer aborts it."""
+        return stream_outputs(self, request_id, prompt, params)
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    async def shutdown(self, drain_timeout: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to drain_timeout seconds (the
+        engine aborts the rest), and wait for the engine process to exit."""
+        self._accepting = False
+        loop = asyncio.get_running_loop()
+        if self._stopped is None:
+            self._stopped = loop.create_future()
+            if self._alive:
+                self._send(("stop", drain_timeout))
+            else:
+                self._stopped.set_result(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._stopped), drain_timeout + 60.0)
+        except asyncio.TimeoutError:
+            logger.error("the engine process did not stop: killing it")
+        await asyncio.to_thread(self._join)
+
+    def _join(self) -> None:
+        self._process.join(30.0)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5.0)
+
+    def _send(self, message) -> None:
+        with self._send_lock:
+            try:
+                self._commands.send(message)
+            except (OSError, ValueError) as e:
+                if message[0] not in ("abort", "stop"):
+                    raise OverloadedError("the engine process is not running") from e
+
+    # ---- reader thread ---------------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    message = self._events.recv()
+                except (EOFError, OSError):
+                    break
+                try:
+                    if not self._take(message):
+                        break
+                except Exception:
+                    logger.exception("handling the engine's %r message failed", message[0])
+        finally:
+            self._on_exit()
+
+    def _take(self, message: tuple) -> bool:
+        """Handle one message; False once the engine has stopped."""
+        kind = message[0]
+        if kind == "outputs":
+            _, deltas, stats = message
+            self._stats = stats
+            self._deliver([self._rebuild(delta) for delta in deltas])
+        elif kind == "stats":
+            self._stats = message[1]
+        elif kind == "accepted":
+            future = self._adds.get(message[1])
+            if future is not None:
+                _resolve(future, error_from(message[2]))
+        elif kind == "compiled":
+            _, compile_id, hit, error = message
+            future = self._compiles.get(compile_id)
+            self.compile_hits += hit
+            if future is not None:
+                _resolve(future, error_from(error))
+        elif kind == "stopped":
+            return False
+        return True
+
+    def _rebuild(self, delta: tuple) -> tuple[RequestStream | None, RequestOutput]:
+        request_id = delta[0]
+        out, received = decode(delta, self._received.get(request_id))
+        if out.finished:
+            self._received.pop(request_id, None)
+            self._last.pop(request_id, None)
+            stream = self._streams.pop(request_id, None)
+            if self.on_finished is not None:
+                try:
+                    self.on_finished(out)
+                except Exception:
+                    logger.exception("on_finished hook failed")
+        else:
+            self._received[request_id] = received
+            self._last[request_id] = out
+            stream = self._streams.get(request_id)
+        return stream, out
+
+    def _deliver(self, batch: list[tuple[RequestStream | None, RequestOutput]]) -> None:
+        """One call_soon_threadsafe per event loop with streams in the batch (one in a
+        server)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, out in batch:
+            if stream is not None:
+                by_loop.setdefault(stream._loop, []).append((stream, out))
+        hand_over(by_loop)
+
+    def _on_exit(self) -> None:
+        """The engine stopped (asked to, or died): end what still waits on it."""
+        died = self._stopped is None
+        self._alive = False
+        if died:
+            logger.error("the engine process exited (%s)", self._process.exitcode)
+        error = OverloadedError("the engine process is not running")
+        for future in list(self._adds.values()):
+            _resolve(future, error)
+        for future in list(self._compiles.values()):
+            _resolve(future, error)
+        streams, self._streams = self._streams, {}
+        self._deliver([(stream, _final(request_id, self._last.get(request_id),
+                                       "error" if died else "abort",
+                                       "the engine process exited" if died else None,
+                                       "internal" if died else None))
+                       for request_id, stream in streams.items()])
+        if self._stopped is not None:
+            _resolve(self._stopped, None)

@@ -1,0 +1,193 @@
+"""The engine in a process of its own, for the server (guided/serving/client.py is the other end).
+
+Why a process: the engine thread and the server's event loop shared one GIL, and the engine
+thread gives it up at every torch call and every C++ matcher call. py-spy on a cold serving run
+(GPU, `benchmarks/gpu_suite.sh profile-serve`) found the engine thread waiting for the GIL in
+38-41% of its samples, and the event loop (HTTP, SSE writes, prompt tokenization) holding it a
+quarter to a third of the time. Here the engine's process has no event loop: the step loop
+shares its GIL only with the compile and mask threads, and HTTP work cannot slow a step. vLLM
+(its engine core) and SGLang (its scheduler) run their step loops apart from the API server for
+the same reason.
+
+    server process (EngineClient)                engine process (this module)
+    -----------------------------                ----------------------------
+    compile / add / abort / stop  -- commands -->  reader thread -> AsyncEngine's commands
+    outputs, answers, stats  <----- events ------  engine thread (outputs as deltas, a batch a
+                                                   step: guided/serving/output_wire.py)
+
+The engine process is AsyncEngine's engine thread unchanged, with its outputs and answers
+written to a pipe instead of handed to an event loop.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from guided.serving.async_engine import AsyncEngine, _Abort, _Add, _Stop
+from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+from guided.serving.output_wire import Sent, encode
+
+logger = logging.getLogger(__name__)
+
+ERRORS = {cls.__name__: cls for cls in (InvalidRequestError, ConstraintError, OverloadedError)}
+
+
+def error_message(error: BaseException | None) -> tuple | None:
+    """An exception as (type name, message, param) for the pipe (None stays None), named by
+    its nearest class in ERRORS (a schema_check.Unsatisfiable is a ConstraintError)."""
+    if error is None:
+        return None
+    name = next((cls.__name__ for cls in type(error).__mro__ if cls.__name__ in ERRORS),
+                type(error).__name__)
+    return name, str(error), getattr(error, "param", None)
+
+
+def error_from(message: tuple | None) -> BaseException | None:
+    """error_message's exception again: guided's own by their type (a bad request stays a 400),
+    anything else a RuntimeError naming it."""
+    if message is None:
+        return None
+    name, text, param = message
+    cls = ERRORS.get(name)
+    if cls is None:
+        return RuntimeError(f"{name}: {text}")
+    return cls(text) if cls is OverloadedError else cls(text, param=param)
+
+
+@dataclass(slots=True)
+class _Handle:
+    """A request's stand-in for AsyncEngine's RequestStream in this process."""
+    request_id: str
+
+
+class ProcessSideEngine(AsyncEngine):
+    """AsyncEngine whose outputs and answers go down a pipe (`send(message)`, thread-safe)."""
+
+    def __init__(self, engine, send):
+        self._send = send
+        self._sent: dict[str, Sent] = {}  # engine thread only
+        self._batch: list[tuple] = []  # engine thread only
+        self._last_stats = None
+        self._last_stats_time = 0.0
+        self._counts_lock = threading.Lock()
+        super().__init__(engine)
+
+    def _settle(self, accepted, error: BaseException | None) -> None:
+        self._send(("accepted", accepted, error_message(error)))
+
+    def _post(self, stream: _Handle, out) -> None:
+        request_id = stream.request_id
+        sent = self._sent.get(request_id)
+        if sent is None:
+            sent = self._sent[request_id] = Sent()
+        self._batch.append(encode(out, sent))
+        if out.finished:
+            del self._sent[request_id]
+
+    def _flush(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._last_stats, self._last_stats_time = self._stats, time.monotonic()
+            self._send(("outputs", batch, self._stats))
+
+    def _refresh_stats(self) -> None:
+        super()._refresh_stats()
+        # the outputs carry the stats; a step without any, or the last before the engine
+        # idles, sends them on their own (at most every 50 ms while it works)
+        if self._stats != self._last_stats and (
+                time.monotonic() - self._last_stats_time > 0.05
+                or not self.engine.has_unfinished_requests()):
+            self._last_stats, self._last_stats_time = self._stats, time.monotonic()
+            self._send(("stats", self._stats))
+
+    def take(self, command: tuple) -> None:
+        """A command from the server (the reader thread)."""
+        kind = command[0]
+        if kind == "add":
+            _, request_id, prompt, params, arrival_time = command
+            self._commands.put(_Add(_Handle(request_id), prompt, params, arrival_time,
+                                    request_id))
+            if self._stopped:
+                self._reject_pending(OverloadedError("the engine is shutting down"))
+        elif kind == "abort":
+            self._commands.put(_Abort(command[1]))
+        elif kind == "compile":
+            self._compile(*command[1:])
+        elif kind == "stop":
+            self._accepting = False
+            self._commands.put(_Stop(time.monotonic() + command[1]))
+
+    def _compile(self, compile_id: int, spec) -> None:
+        future = self.engine.compiler.submit(spec)
+        hit = future.done()
+        with self._counts_lock:  # the stats log's counts: this thread and the compile threads
+            self.compile_queries += 1
+            self.compile_hits += hit
+            self.compiles_pending += not hit
+
+        def done(f) -> None:
+            with self._counts_lock:
+                self.compiles_pending -= not hit
+            error = f.exception()
+            self._send(("compiled", compile_id, hit, error_message(error)))
+
+        future.add_done_callback(done)
+
+
+def main(config, commands, events, log_level: str = "info") -> None:
+    """The engine process: build the engine, say it is ready (or why not), then serve commands
+    until told to stop or the server goes away."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the server decides when this process stops (it drains it first): a Ctrl-C at a terminal
+    # reaches the whole process group, and a server that dies closes the pipe (EOF: stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    lock = threading.Lock()
+
+    def send(message) -> None:
+        with lock:
+            try:
+                events.send(message)
+            except (OSError, ValueError):  # the server is gone: nobody listens any more
+                pass
+
+    try:
+        from guided.engine.core import Engine
+
+        core = Engine(config)
+    except BaseException as e:
+        logger.exception("the engine failed to start")
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    send(("ready", engine_info(core)))
+    engine = ProcessSideEngine(core, send)
+
+    def read() -> None:
+        while True:
+            try:
+                command = commands.recv()
+            except (EOFError, OSError):  # the server went away: stop now
+                engine.take(("stop", 0.0))
+                return
+            engine.take(command)
+
+    threading.Thread(target=read, name="engine-commands", daemon=True).start()
+    engine._thread.join()
+    send(("stopped",))
+    logging.shutdown()
+    os._exit(0)  # done: the interpreter's teardown has nothing left to do but report leaks
+
+
+def engine_info(core) -> dict:
+    """What the server needs of the engine (guided/server/app.py Server, cli's startup log)."""
+    runner = getattr(core, "runner", None)
+    return {"model_name": core.model_name, "config": core.config,
+            "max_model_len": core.max_model_len, "tokenizer": core.tokenizer,
+            "stats": core.stats(),
+            "device": str(getattr(runner, "device", core.config.device)),
+            "dtype": str(getattr(runner, "dtype", core.config.dtype)).removeprefix("torch.")}

@@ -1,0 +1,70 @@
+"""Outputs as deltas between processes: what the receiver rebuilds equals what the sender had,
+step after step, when token lists grow, when a retokenized tail replaces them, when text is cut
+back, with logprobs, and for finals made from copies; earlier outputs stay as they were."""
+from __future__ import annotations
+
+import pickle
+
+from guided.serving.output_wire import Sent, decode, encode
+from guided.outputs import RequestMetrics, RequestOutput
+from guided.serving.snapshots import History, snapshot
+
+
+def _steps():
+    """A request's cumulative outputs as the engine thread hands them out (snapshots)."""
+    history = History()
+    tokens, logprobs = [], []
+    states = [([1, 2], "ab", False), ([1, 2, 3, 4], "abcd", False),
+              ([1, 2, 9], "abX", False),  # jump-forward retokenized the tail: a new list
+              ([1, 2, 9, 5, 6], "abX56", False), ([1, 2, 9, 5, 6, 7], "abX5", True)]
+    for ids, text, finished in states:
+        if ids[:len(tokens)] == tokens:
+            tokens.extend(ids[len(tokens):])
+            logprobs.extend(float(i) for i in ids[len(logprobs):])
+        else:
+            tokens, logprobs = list(ids), [float(i) for i in ids]
+        out = RequestOutput("r", [7, 8], tokens, text, finished, "stop" if finished else None,
+                            logprobs=logprobs, metrics=RequestMetrics(forward_passes=len(ids)))
+        yield snapshot(out, history)
+
+
+def test_deltas_rebuild_every_output_and_leave_earlier_ones_alone():
+    sent, received, rebuilt, originals = Sent(), None, [], []
+    for out in _steps():
+        delta = pickle.loads(pickle.dumps(encode(out, sent)))  # as through the pipe
+        got, received = decode(delta, received)
+        rebuilt.append(got)
+        originals.append((list(out.token_ids), out.text, list(out.logprobs)))
+        assert got == out
+    for got, (ids, text, logprobs) in zip(rebuilt, originals):
+        assert (got.token_ids, got.text, got.logprobs) == (ids, text, logprobs)
+    assert rebuilt[-1].finished and rebuilt[-1].finish_reason == "stop"
+    assert rebuilt[0].prompt_token_ids == [7, 8] == rebuilt[-1].prompt_token_ids
+
+
+def test_a_delta_carries_only_what_is_new():
+    steps = list(_steps())
+    sent = Sent()
+    first, second, retokenized = (encode(out, sent) for out in steps[:3])
+    assert first[1] == [7, 8] and second[1] is None  # the prompt goes once
+    assert (second[2], second[3]) == (2, [3, 4])  # tokens from where the receiver's end
+    assert (second[4], second[5]) == (2, "cd")  # text likewise
+    assert (retokenized[2], retokenized[3]) == (0, [1, 2, 9])  # a new list: all of it
+    assert (retokenized[4], retokenized[5]) == (0, "abX")  # text that does not extend
+
+
+def test_a_final_copied_from_the_last_output_is_sent_whole():
+    steps = list(_steps())
+    sent, received = Sent(), None
+    for out in steps[:2]:
+        _, received = decode(encode(out, sent), received)
+    final = RequestOutput("r", [7, 8], list(steps[1].token_ids), steps[1].text, True, "abort")
+    got, _ = decode(encode(final, sent), received)
+    assert got.token_ids == [1, 2, 3, 4] and got.finish_reason == "abort" and got.finished
+
+
+def test_an_unread_snapshot_keeps_its_tokens_when_the_tail_is_retokenized():
+    steps = list(_steps())  # none read until the last was made
+    assert [out.token_ids for out in steps] == [
+        [1, 2], [1, 2, 3, 4], [1, 2, 9], [1, 2, 9, 5, 6], [1, 2, 9, 5, 6, 7]]
+
