@@ -29,6 +29,8 @@ from guided.server.jobs import (
     new_id,
     raise_if_error,
 )
+from guided.server.native_routes import add_native_routes
+from guided.server.sglang_routes import add_sglang_routes
 from guided.server.streaming import (
     ClientGone,
     abort_all,
@@ -38,6 +40,7 @@ from guided.server.streaming import (
     unless_disconnected,
 )
 from guided.server.tools import (
+    ToolPlan,
     build_messages,
     plan_request_tools,
     template_kwargs,
@@ -88,8 +91,8 @@ class Server:
             raise ModelNotFound(f"The model `{model}` does not exist; this server serves "
                                 f"`{self.model_name}` (also reachable as `default`).")
 
-    def chat_job(self, req: P.ChatCompletionRequest) -> Job:
-        self.check_model(req.model)
+    def chat_prompt(self, req: P.ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
+        """The chat template applied to the request (tools, chat_template_kwargs): token ids."""
         plan = plan_request_tools(req)
         messages = build_messages(req.messages, plan, native_tools=self.native_tools)
         kwargs = template_kwargs(req, plan, native_tools=self.native_tools)
@@ -98,7 +101,11 @@ class Server:
         except Exception as e:  # noqa: BLE001 - jinja errors: the messages do not fit the template
             raise InvalidRequestError(f"messages cannot be rendered by the chat template: {e}",
                                       param="messages") from None
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=False), plan
+
+    def chat_job(self, req: P.ChatCompletionRequest) -> Job:
+        self.check_model(req.model)
+        ids, plan = self.chat_prompt(req)
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
         job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top)
@@ -358,6 +365,9 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle(request, P.CompletionRequest, run_completion)
+
+    add_native_routes(app, server, handle)
+    add_sglang_routes(app, server, handle)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -41,6 +41,13 @@ UNSUPPORTED = {
     "structural_tag": "structural tags are not supported yet; send a json_schema, regex, "
                       "choice or grammar constraint, or tools",
 }
+# sampling controls the engine does not apply yet: a 400 rather than an output that ignores them
+# (an empty / zero value asks for nothing and passes)
+UNAPPLIED = {
+    "logit_bias": "logit_bias is not applied by this server yet",
+    "min_tokens": "min_tokens is not applied by this server yet",
+    "min_new_tokens": "min_new_tokens is not applied by this server yet",
+}
 STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"],
                           "structural_tag": UNSUPPORTED["structural_tag"]}
 # names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
@@ -69,6 +76,9 @@ class ConstraintExtensions(BaseModel):
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     structural_tag: Any = None
+    logit_bias: Any = None
+    min_tokens: Any = None
+    min_new_tokens: Any = None
 
 
 def check_unknown_fields(names: list[str]) -> None:
@@ -165,6 +175,9 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
     for name, why in UNSUPPORTED.items():
         if getattr(req, name, None) is not None:
             raise InvalidRequestError(f"{name}: {why}", param=name)
+    for name, why in UNAPPLIED.items():
+        if getattr(req, name, None) not in (None, 0, {}):
+            raise InvalidRequestError(why, param=name)
     for name in IGNORED:
         if getattr(req, name, None) is not None:
             logger.info("%s=%r is ignored: guided picks its backend itself", name,

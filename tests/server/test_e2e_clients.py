@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -88,3 +89,62 @@ def test_unknown_non_constraint_fields_are_accepted(client):
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
         extra_body={"frobnicate": 1, "cache_salt": "x"}, metadata={"k": "v"})
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+# ---- SGLang's native /generate, vLLM's /tokenize, /detokenize, /version ----------------------
+
+@pytest.mark.parametrize("params,check", [
+    ({"json_schema": json.dumps(POINT)}, _check_json),
+    ({"regex": r"(cat|dog)s? [0-9]{1,3}"}, _check_regex(r"(cat|dog)s? [0-9]{1,3}")),
+    ({"ebnf": GRAMMAR}, _check_regex(GRAMMAR_RE)),
+])
+def test_sglang_generate_with_constraints(server_url, params, check):
+    r = httpx.post(server_url + "/generate", timeout=300, json={
+        "text": "Q: Tell me something.\nA:", "sampling_params": {
+            "max_new_tokens": 40, "temperature": 0, **params}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["meta_info"]["finish_reason"]["type"] == "stop", body
+    check(body["text"])
+
+
+def test_sglang_generate_streams_input_ids(server_url):
+    ids = httpx.post(server_url + "/tokenize", json={"prompt": "The sky is"}).json()["tokens"]
+    texts = []
+    with httpx.stream("POST", server_url + "/generate", timeout=300, json={
+            "input_ids": ids, "stream": True, "sampling_params": {
+                "max_new_tokens": 12, "temperature": 0, "regex": "( [a-z]+){1,4}\\."}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                texts.append(json.loads(line[5:])["text"])
+    assert len(texts) > 1 and all(texts[-1].startswith(t) for t in texts)  # cumulative text
+    assert re.fullmatch(r"( [a-z]+){1,4}\.", texts[-1]), texts[-1]
+
+
+def test_tokenize_detokenize_version_and_model_alias(server_url, client):
+    body = httpx.post(server_url + "/tokenize", json={"prompt": "Hello, world"}).json()
+    assert body["count"] == len(body["tokens"]) > 0
+    back = httpx.post(server_url + "/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back["prompt"] == "Hello, world"
+    chat = httpx.post(server_url + "/tokenize", json={
+        "messages": [{"role": "user", "content": "Hi"}]}).json()
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=1)
+    assert chat["count"] == r.usage.prompt_tokens
+    assert httpx.get(server_url + "/version").json()["version"]
+    served = client.models.list().data[0].id
+    assert client.models.retrieve(served).id == served
+    assert client.models.retrieve("default").id == served
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+@pytest.mark.parametrize("kw,param", [
+    ({"logit_bias": {"42": -100}}, "logit_bias"),
+    ({"extra_body": {"min_tokens": 5}}, "min_tokens"),
+])
+def test_sampling_controls_not_applied_yet_are_refused(client, kw, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=4, **kw)
+    assert e.value.body["param"] == param

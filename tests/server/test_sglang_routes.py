@@ -1,0 +1,69 @@
+"""SGLang's native POST /generate on the scripted fake engine (the real model:
+tests/server/test_e2e_clients.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fastapi.testclient import TestClient
+
+from guided.async_engine import AsyncEngine
+from guided.server.app import create_app
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine(max_waiting=8)
+
+
+@pytest.fixture
+def http(engine):
+    with TestClient(create_app(AsyncEngine(engine), drain_timeout=0)) as client:
+        yield client
+
+
+def test_generate_text_with_a_constraint(http, engine):
+    r = http.post("/generate", json={"text": "ECHO:42", "sampling_params": {
+        "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}}).json()
+    assert r["text"] == "42" and r["meta_info"]["finish_reason"]["type"] == "stop"
+    assert r["meta_info"]["completion_tokens"] == len(r["output_ids"]) == 2
+    assert engine.compiler.submitted[-1].kind == "regex"
+
+
+@pytest.mark.parametrize("field,kind", [("json_schema", "json_schema"), ("ebnf", "grammar"),
+                                        ("regex", "regex")])
+def test_sglang_constraint_names_reach_the_compiler(http, engine, field, kind):
+    value = {"json_schema": json.dumps({"type": "integer"}), "ebnf": 'root ::= "1"',
+             "regex": "1"}[field]
+    r = http.post("/generate", json={"text": "ECHO:1", "sampling_params": {field: value}})
+    assert r.status_code == 200 and engine.compiler.submitted[-1].kind == kind
+
+
+def test_generate_batches_input_ids_and_streams(http):
+    ids = http.post("/tokenize", json={"prompt": "ECHO:ab"}).json()["tokens"]
+    batch = http.post("/generate", json={"input_ids": [ids, ids], "sampling_params": [
+        {"max_new_tokens": 1}, {"max_new_tokens": 5}]}).json()
+    assert [b["text"] for b in batch] == ["a", "ab"]
+    assert batch[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 1}
+    r = http.post("/generate", json={"text": "ECHO:abc", "stream": True})
+    events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    texts = [json.loads(e)["text"] for e in events[:-1]]
+    assert texts[-1] == "abc" and all(texts[-1].startswith(t) for t in texts)  # cumulative
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"text": "x", "sampling_params": {"regx": "a"}}, "sampling_params.regx"),
+    ({"text": "x", "sampling_params": {"regex": "a", "json_schema": "{}"}},
+     "sampling_params.regex"),
+    ({"text": "x", "sampling_params": {"structural_tag": "{}"}}, "sampling_params.structural_tag"),
+    ({"text": "x", "sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens"),
+    ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+    ({"text": "x", "sampling_params": {"regex": "(a"}}, "sampling_params.regex"),
+    ({"text": "x", "input_ids": [1]}, "text"),
+    ({"text": "x", "return_logprob": True}, "return_logprob"),
+])
+def test_bad_generate_requests_name_the_field(http, body, param):
+    r = http.post("/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
