@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from guided.errors import ConstraintError, InvalidRequestError
 
+MAX_SEED = 1 << 63
+MAX_STOP_TOKEN_IDS = 1024  # each sampled token is looked up among them
+
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 
 
@@ -104,7 +107,15 @@ class SamplingParams:
         need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must lie in [0, 20]",
              "logprobs")
         need(isinstance(self.n, int) and 1 <= self.n <= 16, "n must lie in [1, 16]", "n")
-        need(self.seed is None or isinstance(self.seed, int), "seed must be an integer", "seed")
+        # the sampler keys its noise on a uint64 and the engine's own seeds are 63 bits: a
+        # seed outside [0, 2**63) used to raise inside a step and fail the whole batch
+        need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < MAX_SEED),
+             f"seed must be an integer in [0, {MAX_SEED - 1}]", "seed")
+        need(self.stop_token_ids is None or (
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
+            and all(isinstance(t, int) for t in self.stop_token_ids)),
+             f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} integers",
+             "stop_token_ids")
         need(self.output_kind in ("cumulative", "final"),
              "output_kind must be 'cumulative' or 'final'", "output_kind")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -19,6 +19,7 @@ from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
+from guided.server.door import check_unicode, clip
 from guided.server.jobs import (
     Job,
     ModelNotFound,
@@ -58,7 +59,8 @@ class BodyTooLarge(Exception):
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
                    param: str | None = None, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(P.error_body(message, type=type, param=param, code=code),
+    return JSONResponse(P.error_body(clip(message), type=type, param=param and clip(param, 200),
+                                     code=code),
                         status_code=status)
 
 
@@ -278,12 +280,15 @@ async def read_json(request: Request):
         if size > MAX_BODY_BYTES:
             raise BodyTooLarge
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(b"".join(chunks))
+        value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise InvalidRequestError("the request body is nested too deeply") from None
+    check_unicode(raw, value)
+    return value
 
 
 # ---- the app ------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
                                   param="tool_choice")
     if not tools or tool_choice == "none":
         return None
-    functions = [_function(t) for t in tools]
+    functions = [_function(t, i) for i, t in enumerate(tools)]
     seen: set[str] = set()
     for f in functions:
         if f["name"] in seen:
@@ -144,10 +144,17 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
         functions, parallel=parallel_tool_calls, content_schema=content_schema)})
 
 
-def _function(tool: Tool) -> dict[str, Any]:
+def _function(tool: Tool, index: int) -> dict[str, Any]:
     params = tool.function.parameters
     if params is None or params == {}:
         params = EMPTY_PARAMETERS
+    kind = params.get("type", "object")
+    if kind != "object" and kind != ["object"]:
+        # arguments are a JSON object (OpenAI's function calling); a string schema would come
+        # back as a JSON string in `arguments`, which no client parses as arguments
+        raise InvalidRequestError(
+            f'a function\'s parameters must be a JSON schema of type "object"; got type '
+            f"{json.dumps(kind)[:100]}", param=f"tools[{index}].function.parameters")
     return {"name": tool.function.name, "description": tool.function.description or "",
             "parameters": params}
 

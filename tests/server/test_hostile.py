@@ -93,6 +93,26 @@ def test_no_content_type_header(http):
     assert_error(response)
 
 
+@pytest.mark.parametrize("path,body,param", [
+    (CHAT, b'{"model": "default", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+     "messages[0].content"),
+    (COMPLETIONS, b'{"model": "default", "prompt": "x\\udfff", "max_tokens": 2}', "prompt"),
+    (CHAT, b'{"model": "default", "messages": [{"role": "user", "content": "hi"}], '
+           b'"regex": "a\\ud83d"}', "regex"),
+])
+def test_lone_surrogate_is_a_400_naming_the_field(http, path, body, param):
+    """JSON may escape half a surrogate pair; no tokenizer can encode it (it was a 500)."""
+    error = assert_error(send(http, "POST", path, content=body,
+                              headers={"content-type": "application/json"}), 400)
+    assert error["param"] == param and "surrogate" in error["message"]
+
+
+def test_echoed_input_is_truncated(http):
+    response = send(http, "POST", CHAT, json=chat(model="m" * 1_000_000)[1])
+    error = assert_error(response, 404)
+    assert len(response.content) < 4000 and "characters cut" in error["message"]
+
+
 # ---- wrong types and out-of-range values, field by field -----------------------------------------
 
 BAD_FIELDS = {
@@ -122,6 +142,10 @@ BAD_FIELDS = {
     "stop_token_ids strings": chat(stop_token_ids=["a"]),
     "seed a": chat(seed="a"),
     "seed float": chat(seed=1.5),
+    "seed -1": chat(seed=-1),  # raised inside a step and failed every request in flight
+    "seed 2**63": chat(seed=2 ** 63),
+    "seed 2**63-1 with n 2": chat(seed=2 ** 63 - 1, n=2),
+    "stop_token_ids 100k": chat(stop_token_ids=list(range(100_000))),
     "stream object": chat(stream={"x": 1}),
     "stream_options list": chat(stream=True, stream_options=[1]),
     "model missing": (CHAT, {"messages": USER}),
@@ -166,6 +190,8 @@ BAD_FIELDS = {
                                          tool_choice={"type": "function",
                                                       "function": {"name": "g"}}),
     "tool_choice bogus": chat(tool_choice="sometimes"),
+    "tool parameters a string schema": chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]),
 }
 
 

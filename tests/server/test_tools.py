@@ -81,6 +81,15 @@ def test_missing_parameters_means_an_object():
     jsonschema.validate({"name": "ping", "parameters": {}}, plan.constraint["json_schema"])
 
 
+@pytest.mark.parametrize("params", [{"type": "string"}, {"type": "array"}, {"type": ["object",
+                                                                                   "null"]}])
+def test_parameters_that_are_not_an_object_schema_are_refused(params):
+    """Arguments are a JSON object: a string schema used to come back as a JSON string."""
+    with pytest.raises(InvalidRequestError, match='type "object"') as error:
+        plan_tools(tools(("add", ADD), ("f", params)), "auto")
+    assert error.value.param == "tools[1].function.parameters"
+
+
 def test_auto_schema_admits_calls_arrays_and_text():
     schema = plan_tools(TOOLS, "auto", True).constraint["json_schema"]
     jsonschema.validate({"name": "add", "parameters": {"a": 1, "b": 2}}, schema)
