@@ -21,11 +21,14 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
+from guided.fsm.schema_drafts import upgrade
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
+from guided.fsm.schema_numbers import bounded_multiples, rewrite_multiple_of
 from guided.fsm.schema_objects import (
     check_min_properties,
     rewrite_pattern_properties,
     rewrite_property_names,
+    split_dependencies,
 )
 from guided.fsm.schema_merge import (
     ANNOTATIONS,
@@ -55,8 +58,7 @@ ARRAY_KEYWORDS = frozenset({"items", "prefixItems", "minItems", "maxItems", "uni
 TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object": OBJECT_KEYWORDS,
                  "array": ARRAY_KEYWORDS}
 # Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
-IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-                       "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
+IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
                        "maxContains", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
@@ -76,6 +78,7 @@ def check_schema(schema: Any) -> Any:
         return {}
     if not isinstance(schema, dict):
         raise ConstraintError("a JSON schema must be an object or a boolean")
+    schema = upgrade(schema)
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
@@ -136,6 +139,8 @@ class _Rewriter(SchemaCombiner):
         for kw in ("anyOf", "oneOf"):
             if kw in node:
                 return self._rewrite_union(node, kw, pointer)
+        if "dependentRequired" in node or "dependentSchemas" in node:
+            return self.rewrite(split_dependencies(node, pointer), pointer)
         _refuse_ignored(node, pointer)
         node = _infer_type(node, pointer)
         if isinstance(node.get("type"), list) and validation_keys(node, exclude=("type",)):
@@ -274,11 +279,7 @@ def _rewrite_number(node: dict, pointer: str) -> None:
         if isinstance(node.get(kw), bool):
             raise refuse(kw, pointer, "boolean exclusive bounds (draft 4) are not supported")
     if "multipleOf" in node:
-        m = node["multipleOf"]
-        if not (integer_only and float(m).is_integer()):
-            raise refuse("multipleOf", pointer, "multipleOf is only enforced on integers by "
-                                                "an integer divisor")
-        node["multipleOf"] = int(m)
+        integer_only = rewrite_multiple_of(node, types, pointer)
     if integer_only:
         # xgrammar wants integer bounds: round inward (exact for integer values)
         lo = [math.floor(node.pop("minimum")) if float(node["minimum"]).is_integer() else
@@ -301,6 +302,7 @@ def _rewrite_number(node: dict, pointer: str) -> None:
             node["maximum"] = min(hi)
         if lo and hi and max(lo) > min(hi):
             raise ConstraintError(f"the integer range at {where(pointer)} is empty")
+        bounded_multiples(node, pointer)
 
 
 def _refuse_ignored(node: dict, pointer: str) -> None:

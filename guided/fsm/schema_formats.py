@@ -189,6 +189,10 @@ def bounded_pattern(pattern: str, min_length: int, max_length: int | None, point
     if low >= min_length and high <= top:
         return pattern
     pieces = _pieces(body)
+    while pieces is not None and len(pieces) == 1 and not pieces[0][1] and (
+            pieces[0][0].startswith("(")):  # one group, as a whole: its own pieces
+        inner = pieces[0][0][1:-1]
+        pieces = _pieces(inner.removeprefix("?:"))
     if pieces is None:
         raise refuse(keyword, pointer, "length bounds beside this pattern cannot be enforced "
                                        "exactly (only beside one repetition of fixed width)")

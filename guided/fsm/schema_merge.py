@@ -134,7 +134,12 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
     if key == "properties":
         out = dict(a)
         for name, sub in b.items():
-            out[name] = {"allOf": [out[name], sub]} if name in out else sub
+            if name not in out:
+                out[name] = sub
+            elif out[name] is False or sub is False:
+                out[name] = False  # absent, whatever else is said of it
+            else:
+                out[name] = {"allOf": [out[name], sub]}
         return out
     if key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
         return max(a, b)

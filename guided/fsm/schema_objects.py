@@ -184,3 +184,78 @@ def _never_both(whole: str, anywhere: str) -> bool:
         return (fsm & interegular.parse_pattern(search).to_fsm()).empty()
     except Exception:  # noqa: BLE001 - syntax interegular does not know: unsure
         return False
+
+
+# optional properties whose dependencies split an object schema in two (2**n branches at most)
+MAX_DEPENDENCY_SPLITS = 4
+
+
+def split_dependencies(node: dict, pointer: str) -> dict:
+    """node's dependentRequired / dependentSchemas as plain keywords: a present trigger's
+    dependencies become required (and its schema merged, allOf); an optional trigger splits
+    the object in two branches (anyOf): without it, and with it and its dependencies."""
+    node = dict(node)
+    needs = dict(node.pop("dependentRequired", {}) or {})
+    schemas = dict(node.pop("dependentSchemas", {}) or {})
+    required = list(node.get("required", []))
+    merged: list = []
+    changed = True
+    while changed:  # a sure trigger's dependencies may make another trigger sure
+        changed = False
+        for name in [t for t in [*needs, *schemas] if t in required]:
+            added = [d for d in needs.pop(name, []) if d not in required]
+            required += added
+            if name in schemas:
+                merged.append(schemas.pop(name))
+            changed = True
+    if required:
+        node["required"] = required
+    pending = [t for t in dict.fromkeys([*needs, *schemas]) if _may_have(node, t)]
+    if len(pending) > MAX_DEPENDENCY_SPLITS:
+        raise refuse("dependentRequired", pointer, f"more than {MAX_DEPENDENCY_SPLITS} optional "
+                                                   f"properties with dependencies")
+    if pending:
+        trigger = pending[0]
+        rest_needs = {t: d for t, d in needs.items() if t in pending[1:]}
+        rest_schemas = {t: s for t, s in schemas.items() if t in pending[1:]}
+        out = _dependency_branches(node, trigger, needs.get(trigger, []), schemas.get(trigger),
+                                   rest_needs, rest_schemas, pointer)
+    else:
+        out = node
+    return {"allOf": [out, *merged]} if merged else out
+
+
+def _dependency_branches(node: dict, trigger: str, needs: list, schema, rest_needs: dict,
+                         rest_schemas: dict, pointer: str) -> dict:
+    if _is_open(node) and trigger not in node.get("properties", {}):
+        raise refuse("dependentRequired", pointer, f"the optional property {trigger!r} with "
+                     f"dependencies may also come as an undeclared key")
+    defs = {k: node.pop(k) for k in ("$defs", "definitions") if k in node}
+    rest = {}
+    if rest_needs:
+        rest["dependentRequired"] = rest_needs
+    if rest_schemas:
+        rest["dependentSchemas"] = rest_schemas
+    without = {**copy.deepcopy(node), **copy.deepcopy(rest)}
+    # the trigger's `false` survives schemas merged into the branch later (a dependentSchemas
+    # declaring it again); the object is closed already (see the refusal above)
+    without["properties"] = {**node.get("properties", {}), trigger: False}
+    without["additionalProperties"] = False
+    branches = [without]
+    if all(_may_have(node, name) for name in needs):
+        present = {**copy.deepcopy(node), **copy.deepcopy(rest)}
+        present["required"] = list(dict.fromkeys([*node.get("required", []), trigger, *needs]))
+        branches.append({"allOf": [present, schema]} if schema is not None else present)
+    return {"anyOf": branches, **defs}
+
+
+def _is_open(node: dict) -> bool:
+    """Whether undeclared keys may be generated (as schema_check leaves the object)."""
+    if "patternProperties" in node or "propertyNames" in node:
+        return True
+    extra = node.get("additionalProperties")
+    return extra is not False and (extra is not None or "properties" not in node)
+
+
+def _may_have(node: dict, name: str) -> bool:
+    return name in node.get("properties", {}) or _is_open(node)

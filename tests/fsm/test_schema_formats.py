@@ -47,3 +47,14 @@ def test_ipv6_full_form_and_wide_integer_bounds():
     assert out["minimum"] == -2**53 and out["maximum"] == 2**53
     with pytest.raises(ConstraintError):
         check_schema({"type": "integer", "minimum": 2**60})
+
+
+def test_decimal_multiple_of_becomes_integer_multiples():
+    oracle = Oracle({"type": "number", "multipleOf": 1.5, "minimum": -10, "maximum": 100})
+    oracle.assert_judges(valid=[3, 0, -6, 99], invalid=[4, 102, -12])
+    assert not oracle.admits_value(4.5)  # fractions are not generated: stricter
+    assert oracle.assert_sound() >= 20
+    out = check_schema({"type": "number", "multipleOf": 0.01})
+    assert out["type"] == "integer" and "multipleOf" not in out
+    with pytest.raises(ConstraintError, match="multipleOf"):  # xgrammar ignores the pair
+        check_schema({"type": "integer", "multipleOf": 5, "minimum": 0})

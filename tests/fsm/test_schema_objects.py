@@ -56,3 +56,28 @@ def test_property_names():
     with pytest.raises(ConstraintError, match="propertyNames"):
         check_schema({"type": "object", "properties": {"a": {"type": "string"}},
                       "required": ["a"], "propertyNames": {"pattern": "^b"}})
+
+
+def test_dependent_required_and_schemas():
+    oracle = Oracle({"type": "object", "properties": {"card": {"type": "string"},
+                                                      "billing": {"type": "string"},
+                                                      "n": {"type": "integer"}},
+                     "dependentRequired": {"card": ["billing"]},
+                     "dependentSchemas": {"n": {"properties": {"card": {"const": "x"}}}}})
+    oracle.assert_judges(valid=[{}, {"billing": "b"}, {"card": "c", "billing": "b"},
+                                {"card": "x", "billing": "b", "n": 1}, {"n": 1}],
+                         invalid=[{"card": "c"}, {"n": 1, "card": "y", "billing": "b"}])
+    assert oracle.assert_sound(walks=60) >= 30
+
+
+def test_draft7_spellings_are_read_as_2020_12():
+    # draft 7: a tuple with additionalItems, dependencies in both forms, a boolean bound
+    oracle = Oracle({"type": "array", "items": [{"type": "integer"}, {"type": "string"}],
+                     "additionalItems": False})
+    assert oracle.admits_value([1, "a"]) and not oracle.admits_value([1, "a", 2])
+    assert not oracle.admits_value(["a"])
+    out = check_schema({"type": "object", "properties": {"a": {}, "b": {}},
+                        "required": ["a"], "dependencies": {"a": ["b"]}})
+    assert set(out["required"]) == {"a", "b"}
+    out = check_schema({"type": "integer", "minimum": 3, "exclusiveMinimum": True})
+    assert out["minimum"] == 4

@@ -9,7 +9,7 @@ from guided.fsm.schema_regex import NotRegular, schema_regex
 
 @pytest.mark.parametrize("schema, keyword", [
     ({"type": "number", "minimum": 3}, "minimum"),
-    ({"type": "integer", "minimum": 3, "multipleOf": 2}, "multipleOf"),
+    ({"type": "integer", "multipleOf": 2}, "multipleOf"),
     ({"type": "array", "prefixItems": [{"type": "integer"}]}, "prefixItems"),
     ({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1},
      "minProperties"),
