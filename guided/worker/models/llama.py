@@ -7,13 +7,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from guided.worker.models import ops
-
 from guided.kernels.attention import paged_attention, paged_attention_ref
 from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker.distributed import SINGLE, ParallelContext
 from guided.worker.model_config import ModelConfig
+from guided.worker.models import ops
+from guided.worker.models.parallel import (ShardLayout, gather_logits, row_parallel_linear,
+                                           shard_layout, vocab_embedding)
+from guided.worker.models.weights import (Piece, RandomWeights, StateDictReader, WeightReader,
+                                          load_pieces)
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # each (num_blocks, block_size, num_kv_heads, head_dim)
+# each (num_blocks, block_size, num_kv_heads, head_dim); sharded: this rank's KV heads only
+KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -58,17 +63,19 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """This rank's heads (all of them at world size 1): qkv column-parallel, o row-parallel."""
+
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+            len(layout.q_heads), len(layout.kv_heads), cfg.head_dim)
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
         # one fused projection: a single GEMM instead of three (checkpoints are fused at load)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = row_parallel_linear(self.q_size, cfg.hidden_size, ctx)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 kv_cache: KVCache, meta: AttentionMetadata, ops) -> torch.Tensor:
@@ -88,22 +95,25 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """This rank's intermediate columns: gate_up column-parallel, down row-parallel."""
+
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        width = len(layout.intermediate)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * width, bias=False)  # [gate; up]
+        self.down_proj = row_parallel_linear(width, cfg.hidden_size, ctx)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layout, ctx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layout, ctx)
 
     def forward(self, h, residual, positions, rope, kv_cache, meta, ops):
         """h: this layer's normed input; residual: the stream before it. Returns the next
@@ -115,15 +125,21 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """The whole model (ctx SINGLE), or rank ctx.rank's shard of it (models/parallel.py): the
+    hidden states and the logits are whole on every rank either way."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.ctx = ctx
+        self.layout = shard_layout(cfg, ctx.rank, ctx.world_size)
+        self.embed_tokens = vocab_embedding(self.layout, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.layout, ctx)
+                                    for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg)
         self.lm_head = (None if cfg.tie_word_embeddings
-                        else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+                        else nn.Linear(cfg.hidden_size, self.layout.vocab_rows, bias=False))
         self.ops = ops.EAGER
         self.fused_ops = ops.EAGER
 
@@ -148,40 +164,67 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, H) -> (N, V), whole on every rank."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)  # (N, V)
+        if self.ctx.world_size == 1:
+            return F.linear(hidden, weight)  # (N, V)
+        return gather_logits(hidden, weight, self.config.vocab_size, self.ctx)
+
+    def load_weights(self, reader: WeightReader) -> None:
+        """This rank's slices of the checkpoint, read straight into the parameters."""
+        load_pieces(self, weight_pieces(self.config, self.layout), reader)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load HF names, fusing q/k/v and gate/up into our single projections."""
-        own = self.state_dict()
-        loaded: set[str] = set()
-        for i in range(self.config.num_layers):
-            p = f"model.layers.{i}."
-            for kind in ("weight", "bias"):
-                parts = [state.get(f"{p}self_attn.{n}_proj.{kind}") for n in "qkv"]
-                if parts[0] is not None:
-                    own[f"layers.{i}.self_attn.qkv_proj.{kind}"].copy_(torch.cat(parts, 0))
-                    loaded.add(f"layers.{i}.self_attn.qkv_proj.{kind}")
-            own[f"layers.{i}.mlp.gate_up_proj.weight"].copy_(torch.cat(
-                [state[f"{p}mlp.gate_proj.weight"], state[f"{p}mlp.up_proj.weight"]], 0))
-            loaded.add(f"layers.{i}.mlp.gate_up_proj.weight")
-        for name, tensor in state.items():
-            key = name.removeprefix("model.")
-            if key in own and key not in loaded:
-                own[key].copy_(tensor)
-                loaded.add(key)
-        missing = [k for k in own if k not in loaded]
-        if missing:
-            raise ValueError(f"checkpoint lacks {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        self.load_weights(StateDictReader(state))
 
-    @torch.no_grad()
     def init_random_(self, seed: int = 0) -> None:
         """Synthetic models: N(0, 0.02) weights, unit norms; for speed and memory, not quality."""
-        gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
+        self.load_weights(RandomWeights(seed))
+
+
+def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece]]:
+    """Our parameter name -> the HF checkpoint slices it is made of, for this rank's layout:
+    q/k/v and gate/up fused along the output rows, o and down sliced along the input columns."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_rows = (layout.q_heads.start * d, layout.q_heads.stop * d)
+    kv_rows = (layout.kv_heads.start * d, layout.kv_heads.stop * d)
+    proj_shapes = {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d, "v": cfg.num_kv_heads * d}
+    vocab = (layout.vocab.start, layout.vocab.stop)
+    pieces = {"embed_tokens.weight": [Piece("model.embed_tokens.weight", (cfg.vocab_size, h), 0,
+                                            *vocab)],
+              "norm.weight": [Piece("model.norm.weight", (h,))]}
+    if not cfg.tie_word_embeddings:
+        pieces["lm_head.weight"] = [Piece("lm_head.weight", (cfg.vocab_size, h), 0, *vocab)]
+    for i in range(cfg.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        kinds = ("weight", "bias") if cfg.attention_bias else ("weight",)
+        for kind in kinds:
+            pieces[f"{dst}self_attn.qkv_proj.{kind}"] = [
+                Piece(f"{src}self_attn.{n}_proj.{kind}",
+                      (proj_shapes[n], h) if kind == "weight" else (proj_shapes[n],), 0,
+                      *(q_rows if n == "q" else kv_rows)) for n in "qkv"]
+        pieces[f"{dst}self_attn.o_proj.weight"] = [
+            Piece(f"{src}self_attn.o_proj.weight", (h, cfg.num_heads * d), 1, *q_rows)]
+        pieces[f"{dst}mlp.gate_up_proj.weight"] = [
+            Piece(f"{src}mlp.{n}_proj.weight", (inter, h), 0, layout.intermediate.start,
+                  layout.intermediate.stop) for n in ("gate", "up")]
+        pieces[f"{dst}mlp.down_proj.weight"] = [
+            Piece(f"{src}mlp.down_proj.weight", (h, inter), 1, layout.intermediate.start,
+                  layout.intermediate.stop)]
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            pieces[f"{dst}{norm}.weight"] = [Piece(f"{src}{norm}.weight", (h,))]
+    return pieces
+
+
+def build_model(cfg: ModelConfig, reader: WeightReader, *, device: torch.device,
+                dtype: torch.dtype, ctx: ParallelContext = SINGLE) -> LlamaForCausalLM:
+    """Rank ctx.rank's shard of the model (the whole model at world size 1) on device, its
+    parameters allocated once in dtype and filled from reader (loader.weight_reader)."""
+    with torch.device("meta"):  # no time spent on an init the weights overwrite
+        model = LlamaForCausalLM(cfg, ctx)
+    model.to(dtype)  # on meta, free: the parameters are allocated in dtype, never in fp32 first
+    model.to_empty(device=device)
+    model.rope.reset_tables()  # the rope tables stay fp32, as the runner has kept them
+    model.load_weights(reader)
+    return model.eval()

@@ -1,0 +1,106 @@
+"""Tensor-parallel layers: which slices each rank holds, and each sharded layer (on 2 gloo ranks)
+against its unsharded self."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tp_ranks import run_ranks
+
+from guided.worker.distributed import ParallelContext
+from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig, synthetic_config
+from guided.worker.models.llama import LlamaForCausalLM
+from guided.worker.models.parallel import (RowParallelLinear, VocabParallelEmbedding,
+                                           gather_logits, shard_layout, split_range)
+
+HIDDEN, IN_FEATURES, TOKENS = 48, 70, 7
+VOCAB = 101  # odd: the last rank's vocab slice is short and padded
+
+
+def small_config(**changes) -> ModelConfig:
+    shape = {**SYNTHETIC_SHAPES["smollm2-135m"], "hidden_size": HIDDEN, "intermediate_size": 96,
+             "num_layers": 2, "num_heads": 6, "num_kv_heads": 3, "head_dim": 8,
+             "vocab_size": VOCAB, **changes}
+    return ModelConfig(name="test", **shape)
+
+
+def test_split_range_covers_every_index_once():
+    for size in (1, 5, 9, 64, 29568):
+        for world in (1, 2, 3, 4, 8):
+            if world > size:
+                continue
+            parts = [split_range(size, r, world) for r in range(world)]
+            assert [i for p in parts for i in p] == list(range(size))
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize("shape,world", [("smollm2-135m", 2), ("smollm2-135m", 3),
+                                         ("llama-3-8b", 4), ("llama-3-70b", 8),
+                                         ("qwen2.5-72b", 8), ("qwen2.5-7b", 4),
+                                         ("tiny", 2), ("llama-3.2-1b", 8)])
+def test_each_query_head_on_one_rank_with_the_kv_head_it_reads(shape, world):
+    cfg = synthetic_config(shape)
+    group = cfg.num_heads // cfg.num_kv_heads
+    layouts = [shard_layout(cfg, r, world) for r in range(world)]
+    assert [h for lay in layouts for h in lay.q_heads] == list(range(cfg.num_heads))
+    for lay in layouts:
+        # local query head j reads local KV head j // local group, as the attention kernel does
+        local_group = len(lay.q_heads) // len(lay.kv_heads)
+        for j, head in enumerate(lay.q_heads):
+            assert lay.kv_heads[j // local_group] == head // group
+    assert [i for lay in layouts for i in lay.intermediate] == list(range(cfg.intermediate_size))
+    assert [i for lay in layouts for i in lay.vocab] == list(range(cfg.vocab_size))
+    assert {lay.vocab_rows for lay in layouts} == {-(-cfg.vocab_size // world)}
+
+
+def test_fewer_kv_heads_than_ranks_replicates_them():
+    cfg = synthetic_config("tiny")  # 2 query heads, 1 KV head
+    assert [shard_layout(cfg, r, 2).kv_heads for r in range(2)] == [range(0, 1)] * 2
+    cfg = small_config(num_heads=8, num_kv_heads=2)
+    assert [shard_layout(cfg, r, 4).kv_heads for r in range(4)] == [
+        range(0, 1), range(0, 1), range(1, 2), range(1, 2)]
+
+
+def test_a_world_size_that_cannot_split_the_heads_is_refused():
+    with pytest.raises(ValueError, match="tensor_parallel_size 8"):
+        shard_layout(synthetic_config("qwen2.5-7b"), 0, 8)  # 28 query heads over 8 ranks
+
+
+def test_world_size_one_builds_the_plain_layers():
+    model = LlamaForCausalLM(small_config(tie_word_embeddings=False))
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    assert type(attn.o_proj) is nn.Linear and type(mlp.down_proj) is nn.Linear
+    assert type(model.embed_tokens) is nn.Embedding
+    assert model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
+    assert model.lm_head.weight.shape == (VOCAB, HIDDEN)
+
+
+def _sharded_layers(ctx: ParallelContext) -> dict[str, torch.Tensor]:
+    """The sharded layers' outputs on this rank, from the full weights every rank draws alike."""
+    gen = torch.Generator().manual_seed(0)
+    w_row = torch.randn(HIDDEN, IN_FEATURES, generator=gen)
+    x = torch.randn(TOKENS, IN_FEATURES, generator=gen)
+    table = torch.randn(VOCAB, HIDDEN, generator=gen)
+    ids = torch.randint(0, VOCAB, (TOKENS,), generator=gen)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=gen)
+    cols = split_range(IN_FEATURES, ctx.rank, ctx.world_size)
+    row = RowParallelLinear(len(cols), HIDDEN, ctx)
+    layout = shard_layout(small_config(), ctx.rank, ctx.world_size)
+    emb = VocabParallelEmbedding(layout, HIDDEN, ctx)
+    with torch.no_grad():
+        row.weight.copy_(w_row[:, cols.start:cols.stop])
+        local = table[layout.vocab.start:layout.vocab.stop]
+        emb.weight.zero_()[:len(local)].copy_(local)
+        return {"row": row(x[:, cols.start:cols.stop]), "embedding": emb(ids),
+                "logits": gather_logits(hidden, emb.weight, VOCAB, ctx),
+                "expected_row": F.linear(x, w_row), "expected_embedding": F.embedding(ids, table),
+                "expected_logits": F.linear(hidden, table)}
+
+
+def test_sharded_layers_equal_the_unsharded_ones():
+    for out in run_ranks(_sharded_layers, 2):
+        for name in ("row", "embedding", "logits"):
+            assert out[name].shape == out[f"expected_{name}"].shape
+            torch.testing.assert_close(out[name], out[f"expected_{name}"], rtol=1e-5, atol=1e-5)
+        assert out["logits"].is_contiguous()
