@@ -13,7 +13,10 @@ from pathlib import Path
 
 import torch
 
+from guided.worker.gguf_file import GgufReader, gguf_config, read_gguf_weights
 from guided.worker.model_config import ModelConfig, synthetic_config
+from guided.worker.models.weights import (MissingWeight, Piece, RandomWeights, WeightReader,
+                                          check_shape)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ def resolve_model_dir(model: str, *, need_weights: bool = True) -> Path:
         return converted_dir(default_gguf_path(), out)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return converted_dir(path)
+        return converted_dir(path, need_weights=need_weights)
     if path.is_dir() and (path / "config.json").is_file():
         return path
     raise FileNotFoundError(
@@ -63,16 +66,19 @@ def resolve_model_dir(model: str, *, need_weights: bool = True) -> Path:
         " with config.json (nothing is downloaded from a hub)")
 
 
-def converted_dir(gguf_path: Path, out: Path | None = None) -> Path:
+def converted_dir(gguf_path: Path, out: Path | None = None, *, need_weights: bool = True
+                  ) -> Path:
+    """need_weights False: config and tokenizer only (sharded ranks read the GGUF itself)."""
     if out is None:
         out = cache_root() / f"{gguf_path.stem}-{gguf_path.stat().st_size}-v{CONVERTED_VERSION}"
-    if not (out / "model.safetensors").is_file():
-        convert_gguf(gguf_path, out)
+    if not (out / ("model.safetensors" if need_weights else "config.json")).is_file():
+        convert_gguf(gguf_path, out, weights=need_weights)
     return out
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a llama-family GGUF into HF layout (safetensors + config + tokenizer).
+def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> None:
+    """Dequantize a llama-family GGUF into HF layout (safetensors + config + tokenizer); weights
+    False: config + tokenizer only.
 
     Written to a temporary directory and renamed into place, so concurrent first starts are safe.
     """
@@ -83,93 +89,29 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     log.info("converting %s (first start; cached in %s)", gguf_path.name, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    done = out_dir / ("model.safetensors" if weights else "config.json")
     try:
-        config, tensors = read_gguf_weights(gguf_path)
-        save_file(tensors, str(tmp / "model.safetensors"))
+        if weights:
+            config, tensors = read_gguf_weights(gguf_path)
+            save_file(tensors, str(tmp / "model.safetensors"))
+        else:
+            import gguf
+
+            config = gguf_config(gguf.GGUFReader(str(gguf_path)), gguf_path)
         (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.clean_up_tokenization_spaces = False  # llama.cpp's decode: see load_tokenizer
         tokenizer.save_pretrained(str(tmp))
         if out_dir.is_dir() and not (out_dir / "model.safetensors").is_file():
-            shutil.rmtree(out_dir, ignore_errors=True)  # a tokenizer-only copy: replace it
+            shutil.rmtree(out_dir, ignore_errors=True)  # a copy without weights: replace it
         try:
             os.rename(tmp, out_dir)
         except OSError:
-            if not (out_dir / "model.safetensors").is_file():
+            if not done.is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted in %.1f s", time.perf_counter() - t0)
-
-
-def _unpermute_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
-    # llama.cpp stores q/k rows interleaved per head for its rope; HF uses the half-split layout.
-    out_dim = w.shape[0]
-    return (w.reshape(num_heads, out_dim // num_heads // 2, 2, *w.shape[1:])
-            .transpose(1, 2).reshape(w.shape))
-
-
-_GGUF_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-
-
-def read_gguf_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    import gguf
-    from gguf.quants import dequantize
-
-    reader = gguf.GGUFReader(str(path))
-
-    def field(key: str, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch not in ("llama", "qwen2", "mistral"):
-        raise ValueError(f"unsupported GGUF architecture {arch!r}")
-    num_heads = field(f"{arch}.attention.head_count")
-    num_kv_heads = field(f"{arch}.attention.head_count_kv", num_heads)
-    hidden = field(f"{arch}.embedding_length")
-    names = {t.name for t in reader.tensors}
-    vocab_size = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens"))
-    config = ModelConfig(
-        name=path.stem,
-        hidden_size=hidden,
-        intermediate_size=field(f"{arch}.feed_forward_length"),
-        num_layers=field(f"{arch}.block_count"),
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=field(f"{arch}.rope.dimension_count", hidden // num_heads),
-        vocab_size=vocab_size,
-        max_position_embeddings=field(f"{arch}.context_length", 4096),
-        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias=arch == "qwen2",
-    )
-    tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float().reshape(shape)
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            layer, kind, suffix = parts[1], parts[2], parts[3]
-            if arch == "llama" and kind in ("attn_q", "attn_k"):
-                data = _unpermute_rope(data, num_heads if kind == "attn_q" else num_kv_heads)
-            name = f"model.layers.{layer}.{_GGUF_NAMES[kind]}.{suffix}"
-        elif t.name == "token_embd.weight":
-            name = "model.embed_tokens.weight"
-        elif t.name == "output_norm.weight":
-            name = "model.norm.weight"
-        elif t.name == "output.weight":
-            name = "lm_head.weight"
-        else:
-            continue
-        tensors[name] = data.contiguous()
-    return config, tensors
 
 
 def load_tokenizer(model: str = "default"):
@@ -206,3 +148,45 @@ def load_state_dict(model: str) -> dict[str, torch.Tensor]:
     for f in files:
         state.update(load_file(str(f)))
     return state
+
+
+class SafetensorsReader:
+    """Slices of a directory's *.safetensors through memory maps: a rank copies out its own
+    slices only (a column slice pages in the rows it crosses, and keeps none of them)."""
+
+    def __init__(self, model_dir: Path):
+        from safetensors import safe_open
+
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+        self._file_of: dict[str, object] = {}
+        for f in files:  # headers only: the tensors stay on disk until a slice is read
+            handle = safe_open(str(f), framework="pt")
+            self._file_of.update(dict.fromkeys(handle.keys(), handle))
+
+    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
+        handle = self._file_of.get(piece.name)
+        if handle is None:
+            raise MissingWeight(piece.name)
+        part = handle.get_slice(piece.name)
+        check_shape(piece, tuple(part.get_shape()))
+        if piece.dim is None:
+            out.copy_(part[:])
+        elif piece.dim == 0:
+            out.copy_(part[piece.start:piece.stop])
+        else:
+            out.copy_(part[:, piece.start:piece.stop])
+
+
+def weight_reader(model: str, seed: int = 0) -> WeightReader:
+    """Where a rank reads its slices of `model` from: a .gguf file itself (gguf_file.GgufReader:
+    its rows dequantized a chunk at a time), the safetensors files of a directory (the default
+    model's are converted from its GGUF once, whole: 135M parameters), or random numbers
+    generated on the rank's device for synthetic shapes."""
+    if model.startswith("synthetic:"):
+        return RandomWeights(seed)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return GgufReader(path)
+    return SafetensorsReader(resolve_model_dir(model))

@@ -1,0 +1,43 @@
+"""A rank's slices read straight from the default model's GGUF equal the same slices of the
+whole dequantized conversion, for every piece of every rank's layout."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guided.worker import gguf_file
+from guided.worker.gguf_file import GgufReader, read_gguf_weights
+from guided.worker.loader import default_gguf_path, load_model_config
+from guided.worker.models.llama import weight_pieces
+from guided.worker.models.parallel import shard_layout
+from guided.worker.models.weights import StateDictReader
+
+
+@pytest.fixture(scope="module")
+def whole():
+    return read_gguf_weights(default_gguf_path())
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_slices_equal_the_whole_conversions(whole, world_size, monkeypatch):
+    # chunks of 200 rows: column slices cross several, and q/k chunks round down to whole heads
+    monkeypatch.setattr(gguf_file, "CHUNK_ROWS", 200)
+    config, state = whole
+    reader, expected = GgufReader(default_gguf_path()), StateDictReader(state)
+    for rank in range(world_size):
+        for pieces in weight_pieces(config, shard_layout(config, rank, world_size)).values():
+            for piece in pieces:
+                got = torch.empty(piece.slice_shape)
+                want = torch.empty(piece.slice_shape)
+                reader.read_into(piece, got)
+                expected.read_into(piece, want)
+                assert torch.equal(got, want), piece
+
+
+def test_a_gguf_config_is_read_without_converting_the_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("GUIDED_CACHE_DIR", str(tmp_path))
+    config = load_model_config(str(default_gguf_path()))
+    assert config.num_kv_heads == 3 and config.tie_word_embeddings
+    converted = list(tmp_path.iterdir())
+    assert len(converted) == 1 and (converted[0] / "config.json").is_file()
+    assert not (converted[0] / "model.safetensors").exists()
