@@ -19,4 +19,14 @@ class ConstraintError(InvalidRequestError):
 
 
 class OverloadedError(GuidedError):
-    """The engine's waiting queue is full: a 503, the client may retry."""
+    """The engine's waiting queue is full: a 503, the client may retry after retry_after_s."""
+
+    retry_after_s = 1
+
+
+class CompileTimeoutError(OverloadedError):
+    """A constraint did not compile in time, or the compile queue is too deep to start it in
+    time: a 503 to retry, never the schema's fault (the compile may still finish in the
+    background and fill the cache)."""
+
+    retry_after_s = 5

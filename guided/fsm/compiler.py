@@ -1,15 +1,22 @@
-"""Asynchronous grammar compilation: an LRU of futures in front of a watchdog thread pool
+"""Asynchronous grammar compilation: an LRU of compiles in front of a watchdog thread pool
 (fsm/watchdog_pool.py).
 
 Compiles run in threads because xgrammar releases the GIL while compiling (measured: a 100 ms
 compile leaves the caller's thread running) and because a compiled xgrammar grammar cannot
 cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s;
 mask shards compile their own copy, from the same recipe).
-A C++ compile cannot be interrupted, so a compile past its deadline is *abandoned*: its future
-fails with ConstraintError at once, a fresh worker replaces it, and the abandoned thread exits
-when its compile ends. At most `compile_threads` compiles may be abandoned at a time; beyond
-that no replacement is started, so runaway compiles can never hold more than
-2 x compile_threads threads (the queue waits rather than spawning without bound).
+
+Every submit() gets a future of its own (a ticket) on the spec's one compile:
+- a compile nobody waits for any more (every ticket cancelled: clients that left or gave up)
+  is dropped: out of the queue if it has not started, else its thread is abandoned to finish
+  at the lowest priority (a C++ compile cannot be interrupted) and its result still cached;
+- a compile past compile_timeout_s fails its tickets with CompileTimeoutError (a 503 to retry,
+  never cached as the schema's failure); it goes on in the background and fills the cache, and
+  meanwhile the same spec is answered with CompileTimeoutError at once;
+- a new spec whose compile would not even start within compile_timeout_s (the queue's expected
+  wait), or past MAX_QUEUED_COMPILES queued, is refused at once with CompileTimeoutError: a
+  storm of new schemas degrades to 503s, never to an unbounded queue.
+At most 2 x compile_threads threads ever run compiles (abandoned ones included).
 """
 from __future__ import annotations
 
@@ -20,12 +27,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 
 from guided.config import EngineConfig
-from guided.errors import ConstraintError
+from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.vocab import TokenVocab
@@ -37,6 +44,8 @@ REGEX_BACKENDS = ("xgrammar", "outlines")
 # background DFA builds waiting for their thread (~0.1 s each, seconds for the largest): past
 # this, a stream of new schemas stays on xgrammar rather than queue work (and regexes) unbounded
 MAX_QUEUED_UPGRADES = 256
+# compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
+MAX_QUEUED_COMPILES = 256
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +70,14 @@ class CompiledGrammar:
         return self._make_matcher()
 
 
+@dataclass(eq=False)
+class _Compile:
+    """One spec's compile and the tickets still waiting for it."""
+    outcome: Future  # the compile's own (cached): a CompiledGrammar or a ConstraintError
+    tickets: set[Future] = field(default_factory=set)
+    overdue: bool = False  # past compile_timeout_s: it goes on in the background
+
+
 class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
 
@@ -80,7 +97,7 @@ class GrammarCompiler:
         self._outlines = None
         self._dfa_vocab = None
         self._outlines_lock = threading.Lock()
-        self._cache: OrderedDict[ConstraintSpec, Future] = OrderedDict()
+        self._cache: OrderedDict[ConstraintSpec, _Compile] = OrderedDict()
         self._lock = threading.Lock()
         idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
@@ -106,21 +123,80 @@ class GrammarCompiler:
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec) -> Future:
+        """A future of the caller's own for spec's CompiledGrammar (a ConstraintError for a
+        bad spec, CompileTimeoutError to retry); cancel it when no longer waiting."""
+        ticket: Future = Future()
         with self._lock:
-            future = self._cache.get(spec)
-            if future is not None:
+            entry = self._cache.get(spec)
+            if entry is not None:
                 self._cache.move_to_end(spec)
-                return future
-            future = Future()
-            self._cache[spec] = future
-            while len(self._cache) > self.config.grammar_cache_size:
-                self._cache.popitem(last=False)  # a pending future stays alive with its waiters
+            else:
+                busy = self._busy()
+                if busy is not None:
+                    ticket.set_exception(CompileTimeoutError(busy))
+                    return ticket
+                entry = self._cache[spec] = _Compile(Future())
+                while len(self._cache) > self.config.grammar_cache_size:
+                    self._cache.popitem(last=False)  # a pending compile goes on for its tickets
+                self._start(spec, entry)
+            if not entry.outcome.done():
+                if entry.overdue:
+                    ticket.set_exception(CompileTimeoutError(
+                        f"the {spec.kind} constraint is still compiling after "
+                        f"{self.config.compile_timeout_s:g} s (compile_timeout_s); retry later"))
+                    return ticket
+                entry.tickets.add(ticket)
+        entry.outcome.add_done_callback(lambda outcome: _settle(ticket, outcome))
+        ticket.add_done_callback(lambda t: self._left(spec, entry, t))
+        return ticket
+
+    def _busy(self) -> str | None:
+        """(lock held) Why a new spec cannot be compiled in time now, or None."""
+        if self._pool.num_queued >= MAX_QUEUED_COMPILES:
+            return (f"{MAX_QUEUED_COMPILES} constraints are waiting to compile; "
+                    "retry this one later")
+        wait = self._pool.expected_wait_s()
+        if wait > self.config.compile_timeout_s:
+            return (f"the grammar compiler is busy (~{wait:.0f} s of queued compiles, "
+                    f"compile_timeout_s={self.config.compile_timeout_s:g}); retry later")
+        return None
+
+    def _start(self, spec: ConstraintSpec, entry: _Compile) -> None:
+        """(lock held) Queue the compile, or settle it at once where the spec is refused."""
         problem = self._precheck(spec)
         if problem is not None:
-            future.set_exception(ConstraintError(problem))
-            return future
-        self._pool.submit(future, lambda: self._compile_sync(spec), label=spec.kind)
-        return future
+            entry.outcome.set_exception(ConstraintError(problem))
+            return
+        self._pool.submit(entry.outcome, lambda: self._compile_sync(spec), label=spec.kind,
+                          on_overdue=lambda: self._overdue(spec, entry))
+
+    def _left(self, spec: ConstraintSpec, entry: _Compile, ticket: Future) -> None:
+        """A ticket is settled or cancelled: a compile nobody waits for any more is dropped
+        (its result, should it still come, is cached all the same)."""
+        with self._lock:
+            entry.tickets.discard(ticket)
+            if entry.tickets or entry.outcome.done() or not ticket.cancelled():
+                return
+            if not entry.outcome.running() and self._cache.get(spec) is entry:
+                del self._cache[spec]  # never started: the next submit starts afresh
+        self._pool.drop(entry.outcome)
+
+    def _overdue(self, spec: ConstraintSpec, entry: _Compile) -> None:
+        """The watchdog: the compile ran past compile_timeout_s. Its tickets fail (retryable);
+        it goes on in the background and fills the cache if it ends."""
+        with self._lock:
+            if entry.outcome.done():
+                return
+            entry.overdue = True
+            tickets, entry.tickets = list(entry.tickets), set()
+        log.warning("a %s compile ran past compile_timeout_s=%g s; %d waiting request(s) get "
+                    "a 503, it goes on in the background", spec.kind,
+                    self.config.compile_timeout_s, len(tickets))
+        error = CompileTimeoutError(
+            f"compiling the {spec.kind} constraint timed out after "
+            f"{self.config.compile_timeout_s:g} s (compile_timeout_s); retry later")
+        for ticket in tickets:
+            _fail(ticket, error)
 
     def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
         """Blocking convenience for tests and the CLI."""
@@ -252,3 +328,23 @@ class GrammarCompiler:
             if self._outlines is None:
                 self._outlines = OutlinesBackend(self.vocab)
             return self._outlines
+
+
+def _settle(ticket: Future, outcome: Future) -> None:
+    """A ticket takes its compile's outcome, unless it was settled or cancelled first."""
+    if outcome.cancelled():
+        _fail(ticket, CompileTimeoutError("the compile was dropped; retry"))
+    elif outcome.exception() is not None:
+        _fail(ticket, outcome.exception())
+    else:
+        try:
+            ticket.set_result(outcome.result())
+        except InvalidStateError:
+            pass
+
+
+def _fail(ticket: Future, error: BaseException) -> None:
+    try:
+        ticket.set_exception(error)
+    except InvalidStateError:
+        pass

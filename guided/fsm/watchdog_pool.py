@@ -1,18 +1,25 @@
 """A bounded thread pool whose jobs have a deadline (the grammar compiles' and the background DFA
 builds'), and the lowered priority its threads run at. A C++ compile cannot be interrupted, so a
-job past its deadline is abandoned: its future fails at once and a fresh worker replaces it."""
+job past its deadline is abandoned: its owner is told (or its future fails) at once and a fresh
+worker replaces it; so is a job its owner drops while it runs (nobody waits for it any more),
+whose thread then runs at the lowest priority until its compile ends."""
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from guided.errors import ConstraintError
+
+log = logging.getLogger(__name__)
+# the expected-wait estimate's memory: each finished job moves it this far towards its duration
+_DURATION_WEIGHT = 0.2
 
 
 def lower_thread_priority(nice: int, idle: bool = False) -> None:
@@ -36,9 +43,9 @@ def lower_thread_priority(nice: int, idle: bool = False) -> None:
 class WatchdogPool:
     """A bounded thread pool whose jobs have a deadline from the moment they start.
 
-    Invariants: live workers <= num_workers; live + abandoned (timed out, still running)
-    <= 2 x num_workers, so stuck compiles shrink the pool rather than grow the thread count;
-    an abandoned worker rejoins the pool when its compile ends if the pool is short, else exits.
+    Invariants: live workers <= num_workers; live + abandoned (timed out or dropped, still
+    running) <= 2 x num_workers, so stuck compiles shrink the pool rather than grow the thread
+    count; an abandoned worker exits when its job ends, replaced if the pool is short.
     """
 
     def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
@@ -49,10 +56,14 @@ class WatchdogPool:
         self.nice = nice
         self.idle = idle  # SCHED_IDLE (lower_thread_priority)
         self._cond = threading.Condition()
-        self._jobs: list[tuple[Future, Callable[[], Any], str]] = []
+        # queued: (future, fn, label, on_overdue)
+        self._jobs: list[tuple[Future, Callable[[], Any], str, Callable[[], None] | None]] = []
         self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
-        self._running: dict[int, tuple[Future, str, int]] = {}  # worker id -> its current job
+        # worker id -> its current job: (future, label, job id, on_overdue)
+        self._running: dict[int, tuple[Future, str, int, Callable[[], None] | None]] = {}
+        self._tids: dict[int, int] = {}  # worker id -> its thread's native id (renice)
         self._abandoned: set[int] = set()
+        self._mean_s: float | None = None  # a job's duration, moving average
         self._live = 0
         self._ids = itertools.count()
         self._closed = False
@@ -77,22 +88,48 @@ class WatchdogPool:
         with self._cond:
             return self._live + len(self._abandoned)
 
-    def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job") -> None:
+    def expected_wait_s(self) -> float:
+        """How long a job submitted now would likely wait for a worker: the jobs ahead of it
+        over the workers, at the recent mean duration (0 before any job finished)."""
+        with self._cond:
+            busy = sum(w not in self._abandoned for w in self._running)
+            ahead = len(self._jobs) - (self._live - busy)  # < 0: a worker is free
+            return max(0, ahead + 1) * (self._mean_s or 0.0) / max(1, self._live)
+
+    def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job",
+               on_overdue: Callable[[], None] | None = None) -> None:
+        """Run fn() for future. Past timeout_s of running: on_overdue() if given (the future is
+        left to the job, which may still finish it), else the future fails."""
         with self._cond:
             if self._closed:
                 future.set_exception(ConstraintError("the grammar compiler is shut down"))
                 return
-            self._jobs.append((future, fn, label))
+            self._jobs.append((future, fn, label, on_overdue))
             self._cond.notify_all()
+
+    def drop(self, future: Future) -> None:
+        """Nobody waits for future's job any more: a queued job is removed (the future
+        cancelled); a running one is abandoned (a fresh worker replaces it, within the thread
+        bound) and its thread reniced to 19 until its job ends."""
+        with self._cond:
+            queued = next((i for i, job in enumerate(self._jobs) if job[0] is future), None)
+            if queued is not None:
+                del self._jobs[queued]
+            for worker_id, running in self._running.items():
+                if running[0] is future and worker_id not in self._abandoned:
+                    self._abandon(worker_id)
+                    _renice(self._tids.get(worker_id), 19)
+                    break
+        if queued is not None:
+            future.cancel()  # outside the lock: its callbacks may take their owner's lock
 
     def shutdown(self) -> None:
         with self._cond:
             self._closed = True
-            for future, _, _ in self._jobs:
-                if not future.done():
-                    future.set_exception(ConstraintError("the grammar compiler is shut down"))
-            self._jobs.clear()
+            jobs, self._jobs = self._jobs, []
             self._cond.notify_all()
+        for future, *_ in jobs:
+            _settle(future, None, ConstraintError("the grammar compiler is shut down"))
 
     def _spawn(self) -> None:  # caller holds the lock (or is __init__)
         self._live += 1
@@ -102,20 +139,23 @@ class WatchdogPool:
 
     def _work(self, worker_id: int) -> None:
         lower_thread_priority(self.nice, self.idle)
+        with self._cond:
+            self._tids[worker_id] = threading.get_native_id()
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     self._live -= 1
+                    self._tids.pop(worker_id, None)
                     return
-                future, fn, label = self._jobs.pop(0)
+                future, fn, label, on_overdue = self._jobs.pop(0)
                 if not future.set_running_or_notify_cancel():
                     continue
                 job_id = next(self._ids)
-                self._running[worker_id] = (future, label, job_id)
-                heapq.heappush(self._deadlines,
-                               (time.monotonic() + self.timeout_s, job_id, worker_id))
+                self._running[worker_id] = (future, label, job_id, on_overdue)
+                started = time.monotonic()
+                heapq.heappush(self._deadlines, (started + self.timeout_s, job_id, worker_id))
                 self._cond.notify_all()  # wake the watchdog for the new deadline
             try:
                 result, error = fn(), None
@@ -123,43 +163,84 @@ class WatchdogPool:
                 result, error = None, e
             except Exception as e:  # a backend bug must fail the request, never the engine
                 result, error = None, ConstraintError(f"{label} failed to compile: {e!r}")
+            # outside the lock: the future's callbacks may take their owner's lock, which may
+            # be held by a thread waiting for this one (submit)
+            _settle(future, result, error)
             with self._cond:
                 self._running.pop(worker_id, None)
-                if not future.done():
-                    if error is None:
-                        future.set_result(result)
-                    else:
-                        future.set_exception(error)
+                duration = time.monotonic() - started
+                self._mean_s = duration if self._mean_s is None else (
+                    self._mean_s + _DURATION_WEIGHT * (duration - self._mean_s))
                 if worker_id in self._abandoned:
+                    # it may run at the lowest priority (dropped), which it cannot undo: a fresh
+                    # worker takes its place where the thread bound kept the pool short
                     self._abandoned.discard(worker_id)
-                    if self._live >= self.num_workers or self._closed:
-                        return
-                    self._live += 1  # the pool is short: rejoin it
+                    self._tids.pop(worker_id, None)
+                    if self._live < self.num_workers and not self._closed:
+                        self._spawn()
+                    return
 
     def _watch(self) -> None:
-        with self._cond:
-            while not self._closed:
+        while True:
+            overdue = []
+            with self._cond:
+                if self._closed:
+                    return
                 now = time.monotonic()
                 while self._deadlines and self._deadlines[0][0] <= now:
                     _, job_id, worker_id = heapq.heappop(self._deadlines)
-                    self._expire(worker_id, job_id)
+                    overdue.extend(self._expire(worker_id, job_id))
                 while self._deadlines and not self._is_running(*self._deadlines[0][1:]):
                     heapq.heappop(self._deadlines)  # finished in time
-                wait = self._deadlines[0][0] - now if self._deadlines else None
-                self._cond.wait(timeout=wait)
+                if not overdue:
+                    wait = self._deadlines[0][0] - now if self._deadlines else None
+                    self._cond.wait(timeout=wait)
+            for on_overdue in overdue:  # outside the lock: it may drop jobs
+                try:
+                    on_overdue()
+                except Exception:
+                    log.exception("a job's overdue callback failed")
 
     def _is_running(self, job_id: int, worker_id: int) -> bool:
         running = self._running.get(worker_id)
         return running is not None and running[2] == job_id
 
-    def _expire(self, worker_id: int, job_id: int) -> None:  # caller holds the lock
+    def _expire(self, worker_id: int, job_id: int) -> list[Callable[[], None]]:
+        """(caller holds the lock) What to call, outside the lock, for an overdue job: its
+        overdue callback, else the failure of its future."""
         if not self._is_running(job_id, worker_id) or worker_id in self._abandoned:
-            return
-        future, label, _ = self._running[worker_id]
-        if not future.done():
-            future.set_exception(ConstraintError(
-                f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)"))
+            return []
+        future, label, _, on_overdue = self._running[worker_id]
+        self._abandon(worker_id)
+        if on_overdue is not None:
+            return [on_overdue]
+        error = ConstraintError(
+            f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)")
+        return [lambda: _settle(future, None, error)]
+
+    def _abandon(self, worker_id: int) -> None:  # caller holds the lock
         self._abandoned.add(worker_id)
         self._live -= 1
-        if self._live + len(self._abandoned) < 2 * self.num_workers:
+        if self._live + len(self._abandoned) < 2 * self.num_workers and not self._closed:
             self._spawn()
+
+
+def _settle(future: Future, result: Any, error: BaseException | None) -> None:
+    """Settle future unless it is settled already (a timeout, a cancel)."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:
+        pass
+
+
+def _renice(tid: int | None, niceness: int) -> None:
+    """Set a thread's niceness (only ever raised: lowering it needs privileges). Best effort."""
+    if tid is None or not hasattr(os, "setpriority"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
+    except OSError:
+        pass

@@ -14,7 +14,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from guided.serving.async_engine import AsyncEngine, RequestStream
-from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+from guided.errors import (
+    CompileTimeoutError,
+    ConstraintError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
@@ -58,10 +63,11 @@ class BodyTooLarge(Exception):
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
-                   param: str | None = None, code: str | int | None = None) -> JSONResponse:
+                   param: str | None = None, code: str | int | None = None,
+                   retry_after_s: int | None = None) -> JSONResponse:
     return JSONResponse(P.error_body(clip(message), type=type, param=param and clip(param, 200),
-                                     code=code),
-                        status_code=status)
+                                     code=code), status_code=status,
+                        headers={"Retry-After": str(retry_after_s)} if retry_after_s else None)
 
 
 class Server:
@@ -191,8 +197,9 @@ class Server:
             if spec is not None:
                 await asyncio.wait_for(self.engine.compile(spec), self.compile_timeout_s + 5.0)
         except asyncio.TimeoutError:
-            raise ConstraintError("compiling the constraint timed out",
-                                  param=job.constraint_param) from None
+            raise CompileTimeoutError(
+                f"the constraint did not compile within {self.compile_timeout_s + 5.0:g} s "
+                "(compile queue and compile); retry later") from None
         except ConstraintError as e:
             if e.param is None:
                 e.param = job.constraint_param
@@ -326,7 +333,8 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
         except RecursionError:  # a pathologically nested value inside a valid body
             return error_response(400, "the request is nested too deeply")
         except OverloadedError as e:
-            return error_response(503, str(e), type="server_error", code="overloaded")
+            return error_response(503, str(e), type="server_error", code="overloaded",
+                                  retry_after_s=e.retry_after_s)
         except ClientGone:
             return Response(status_code=499)
         except Exception as e:

@@ -119,6 +119,8 @@ class EngineClient:
         finally:
             self.compiles_pending -= 1
             self._compiles.pop(compile_id, None)
+            if not future.done():  # the caller gave up: a compile nobody waits for is dropped
+                self._send(("uncompile", compile_id))
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           *, arrival_time: float | None = None) -> RequestStream:
@@ -180,7 +182,7 @@ class EngineClient:
             try:
                 self._commands.send(message)
             except (OSError, ValueError) as e:
-                if message[0] not in ("abort", "stop"):
+                if message[0] not in ("abort", "stop", "uncompile"):
                     raise OverloadedError("the engine process is not running") from e
 
     # ---- reader thread ---------------------------------------------------------------------

@@ -28,12 +28,18 @@ import time
 from dataclasses import dataclass
 
 from guided.serving.async_engine import AsyncEngine, _Abort, _Add, _Stop
-from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+from guided.errors import (
+    CompileTimeoutError,
+    ConstraintError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from guided.serving.output_wire import Sent, encode
 
 logger = logging.getLogger(__name__)
 
-ERRORS = {cls.__name__: cls for cls in (InvalidRequestError, ConstraintError, OverloadedError)}
+ERRORS = {cls.__name__: cls for cls in (InvalidRequestError, ConstraintError, OverloadedError,
+                                        CompileTimeoutError)}
 
 
 def error_message(error: BaseException | None) -> tuple | None:
@@ -55,7 +61,7 @@ def error_from(message: tuple | None) -> BaseException | None:
     cls = ERRORS.get(name)
     if cls is None:
         return RuntimeError(f"{name}: {text}")
-    return cls(text) if cls is OverloadedError else cls(text, param=param)
+    return cls(text) if issubclass(cls, OverloadedError) else cls(text, param=param)
 
 
 @dataclass(slots=True)
@@ -74,6 +80,7 @@ class ProcessSideEngine(AsyncEngine):
         self._last_stats = None
         self._last_stats_time = 0.0
         self._counts_lock = threading.Lock()
+        self._tickets: dict = {}  # compile id -> its compiler ticket, until settled
         super().__init__(engine)
 
     def _settle(self, accepted, error: BaseException | None) -> None:
@@ -117,6 +124,10 @@ class ProcessSideEngine(AsyncEngine):
             self._commands.put(_Abort(command[1]))
         elif kind == "compile":
             self._compile(*command[1:])
+        elif kind == "uncompile":  # the server gave up on it (client gone, timed out)
+            ticket = self._tickets.pop(command[1], None)
+            if ticket is not None:
+                ticket.cancel()
         elif kind == "stop":
             self._accepting = False
             self._commands.put(_Stop(time.monotonic() + command[1]))
@@ -130,11 +141,14 @@ class ProcessSideEngine(AsyncEngine):
             self.compiles_pending += not hit
 
         def done(f) -> None:
+            self._tickets.pop(compile_id, None)
             with self._counts_lock:
                 self.compiles_pending -= not hit
-            error = f.exception()
-            self._send(("compiled", compile_id, hit, error_message(error)))
+            if not f.cancelled():
+                self._send(("compiled", compile_id, hit, error_message(f.exception())))
 
+        if not hit:
+            self._tickets[compile_id] = future
         future.add_done_callback(done)
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from guided.config import EngineConfig
-from guided.errors import ConstraintError
+from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.compiler import CompiledGrammar, GrammarCompiler
 from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
@@ -51,7 +51,7 @@ def test_failures_are_cached(compiler):
     with pytest.raises(ConstraintError, match="regex"):
         future.result(timeout=60)
     again = compiler.submit(spec)
-    assert again is future and again.done()
+    assert again.done() and str(again.exception()) == str(future.exception())
 
 
 def test_refusal_reaches_the_future(compiler):
@@ -72,28 +72,108 @@ def test_size_limit(tokenizer):
         c.shutdown()
 
 
-def test_submit_never_blocks_and_timeout_is_honoured(tokenizer):
+class Gate:
+    """Compiles of specs whose text starts with "slow" wait for the gate (an uninterruptible
+    compile, like xgrammar's C++ one), then compile for real."""
+
+    def __init__(self, compiler: GrammarCompiler):
+        self.opened = threading.Event()
+        self.started: list[str] = []
+        real = compiler._compile_sync
+
+        def compile_sync(spec):
+            if spec.value.startswith("slow"):
+                self.started.append(spec.value)
+                self.opened.wait(10)
+            return real(spec)
+
+        compiler._compile_sync = compile_sync
+
+
+@pytest.fixture
+def gated(tokenizer):
+    """(compiler, gate): one compile thread, a 0.3 s compile timeout."""
     c = GrammarCompiler(tokenizer, vocab_size=49152,
                         config=EngineConfig(compile_threads=1, compile_timeout_s=0.3))
-    release = threading.Event()
+    gate = Gate(c)
+    yield c, gate
+    gate.opened.set()
+    c.shutdown()
 
-    def slow(spec):  # an uninterruptible compile, like xgrammar's C++ one
-        release.wait(10)
-        raise ConstraintError("finished too late")
 
-    c._compile_sync = slow
-    try:
-        start = time.perf_counter()
-        future = c.submit(ConstraintSpec("regex", "slow"))
-        assert time.perf_counter() - start < 0.05 and not future.done()
-        with pytest.raises(ConstraintError, match="timed out"):
-            future.result(timeout=5)
-        # the stuck worker was replaced: a fast compile still goes through
-        del c._compile_sync
-        assert c.compile(ConstraintSpec("regex", "fast"), timeout=30).backend == "xgrammar"
-    finally:
-        release.set()
-        c.shutdown()
+def wait_cached(c: GrammarCompiler, spec: ConstraintSpec) -> CompiledGrammar:
+    """The spec's cached grammar, once its compile (in the background) has ended."""
+    deadline = time.monotonic() + 30
+    while True:
+        ticket = c.submit(spec)
+        if ticket.done() and not isinstance(ticket.exception(), CompileTimeoutError):
+            return ticket.result()
+        ticket.cancel()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_submit_never_blocks_and_a_timeout_is_retryable_never_cached(gated):
+    c, gate = gated
+    spec = ConstraintSpec("regex", "slow[0-9]")
+    start = time.perf_counter()
+    future = c.submit(spec)
+    assert time.perf_counter() - start < 0.05 and not future.done()
+    with pytest.raises(CompileTimeoutError, match="timed out"):
+        future.result(timeout=5)
+    # meanwhile: the same spec is answered at once (retry later), a fast one goes through on
+    # the worker that replaced the stuck one
+    with pytest.raises(CompileTimeoutError, match="still compiling"):
+        c.submit(spec).result(timeout=0.1)
+    assert c.compile(ConstraintSpec("regex", "fast"), timeout=30).backend == "xgrammar"
+    gate.opened.set()  # the compile ends in the background and fills the cache
+    assert wait_cached(c, spec).spec == spec
+
+
+def test_a_queued_compile_nobody_waits_for_is_dropped(gated):
+    c, gate = gated
+    running = c.submit(ConstraintSpec("regex", "slow1"))
+    queued = c.submit(ConstraintSpec("regex", "slow2"))
+    while not gate.started:
+        time.sleep(0.01)
+    assert c._pool.num_queued == 1
+    queued.cancel()
+    assert c._pool.num_queued == 0
+    assert ConstraintSpec("regex", "slow2") not in c._cache  # the next submit starts afresh
+    gate.opened.set()
+    running.exception(timeout=30)  # compiled, or timed out (0.3 s) and still cached
+    assert wait_cached(c, ConstraintSpec("regex", "slow1")).backend == "xgrammar"
+    assert gate.started == ["slow1"]
+
+
+def test_a_running_compile_nobody_waits_for_frees_its_worker_and_still_fills_the_cache(gated):
+    c, gate = gated
+    spec = ConstraintSpec("regex", "slow3")
+    ticket = c.submit(spec)
+    while not gate.started:
+        time.sleep(0.01)
+    ticket.cancel()
+    # its worker was replaced at once: a new compile does not wait for the abandoned one
+    assert c.compile(ConstraintSpec("regex", "quick"), timeout=10).backend == "xgrammar"
+    gate.opened.set()
+    assert wait_cached(c, spec).spec == spec
+
+
+def test_a_compile_queue_too_deep_refuses_new_specs_at_once(gated, monkeypatch):
+    c, gate = gated
+    c._pool._mean_s = 0.2  # as if compiles took 0.2 s
+    first = c.submit(ConstraintSpec("regex", "slow4"))  # runs
+    second = c.submit(ConstraintSpec("regex", "slow5"))  # waits ~0.2 s: within 0.3 s
+    refused = c.submit(ConstraintSpec("regex", "slow6"))  # would wait ~0.4 s
+    with pytest.raises(CompileTimeoutError, match="busy"):
+        refused.result(timeout=0.1)
+    assert not second.done()
+    monkeypatch.setattr("guided.fsm.compiler.MAX_QUEUED_COMPILES", 1)
+    c._pool._mean_s = 0.0
+    with pytest.raises(CompileTimeoutError, match="waiting to compile"):
+        c.submit(ConstraintSpec("regex", "slow7")).result(timeout=0.1)
+    gate.opened.set()
+    first.exception(timeout=30)
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are Linux's")

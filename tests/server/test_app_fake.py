@@ -93,6 +93,7 @@ def test_overload_is_503(http):
     asyncio.run(fill())
     r = http.post("/v1/chat/completions", json=ask("x"))
     assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    assert int(r.headers["retry-after"]) >= 1
 
 
 def test_logprobs_formats(http):

@@ -2,9 +2,21 @@
 HTTP statuses (its end to end behaviour: tests/test_engine_client.py)."""
 from __future__ import annotations
 
-from guided.serving.engine_process import error_from, error_message
-from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+import threading
+import time
+
+from guided.config import EngineConfig
+from guided.errors import (
+    CompileTimeoutError,
+    ConstraintError,
+    InvalidRequestError,
+    OverloadedError,
+)
+from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_check import Unsatisfiable
+from guided.outputs import EngineStats
+from guided.params import ConstraintSpec
+from guided.serving.engine_process import ProcessSideEngine, error_from, error_message
 
 
 def test_errors_cross_as_their_nearest_known_class():
@@ -14,3 +26,56 @@ def test_errors_cross_as_their_nearest_known_class():
     assert type(error_from(error_message(OverloadedError("full")))) is OverloadedError
     assert isinstance(error_from(error_message(KeyError("x"))), RuntimeError)
     assert error_from(None) is None
+
+
+def test_a_compile_timeout_crosses_as_itself_with_its_retry_after():
+    error = error_from(error_message(CompileTimeoutError("timed out")))
+    assert type(error) is CompileTimeoutError and error.retry_after_s > 0
+
+
+class _CompilerOnly:
+    """An engine with no requests, only its grammar compiler (what a compile command uses)."""
+
+    def __init__(self, compiler):
+        self.compiler = compiler
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+
+def test_a_compile_the_server_gave_up_on_is_dropped(tokenizer):
+    """"uncompile" cancels the compile's ticket: queued behind a stuck one, it never runs."""
+    compiler = GrammarCompiler(tokenizer, vocab_size=49152,
+                               config=EngineConfig(compile_threads=1, compile_timeout_s=30))
+    release, started = threading.Event(), []
+    real = compiler._compile_sync
+
+    def compile_sync(spec):
+        started.append(spec.value)
+        release.wait(10)
+        return real(spec)
+
+    compiler._compile_sync = compile_sync
+    sent = []
+    engine = ProcessSideEngine(_CompilerOnly(compiler), sent.append)
+    try:
+        engine.take(("compile", 1, ConstraintSpec("regex", "a+")))  # runs, held
+        while not started:
+            time.sleep(0.01)
+        engine.take(("compile", 2, ConstraintSpec("regex", "b+")))  # queued
+        engine.take(("uncompile", 2))
+        assert compiler._pool.num_queued == 0
+        release.set()
+        deadline = time.monotonic() + 30
+        while not any(m[0] == "compiled" for m in sent):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert started == ["a+"]
+        assert [m[1] for m in sent if m[0] == "compiled"] == [1]
+    finally:
+        release.set()
+        engine.take(("stop", 0.0))
+        compiler.shutdown()
