@@ -24,6 +24,7 @@ from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
+from guided.server.auth import ApiKeyMiddleware
 from guided.server.door import check_unicode, clip
 from guided.server.jobs import (
     Job,
@@ -301,7 +302,7 @@ async def read_json(request: Request):
 # ---- the app ------------------------------------------------------------------------------------
 
 def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
-               drain_timeout: float = 10.0) -> FastAPI:
+               drain_timeout: float = 10.0, api_key: str | None = None) -> FastAPI:
     server = Server(engine, served_model_name=served_model_name)
 
     @contextlib.asynccontextmanager
@@ -311,6 +312,8 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
 
     app = FastAPI(title="guided", lifespan=lifespan)
     app.state.server = server
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the model id clients send (default: the model's own name)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
+                       help="require `Authorization: Bearer <key>` on every route but /health "
+                            "(default: $GUIDED_API_KEY; none: open)")
     serve.add_argument("--drain-timeout", type=float, default=10.0,
                        help="seconds in-flight requests may finish at shutdown")
     serve.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
@@ -115,6 +119,7 @@ def serve(args: argparse.Namespace) -> int:
     from guided.serving.async_engine import AsyncEngine
     from guided.errors import InvalidRequestError
     from guided.server.app import create_app
+    from guided.server.connections import HeaderTimeoutProtocol
 
     _setup_logging(args.log_level)
     try:
@@ -130,11 +135,11 @@ def serve(args: argparse.Namespace) -> int:
         engine = AsyncEngine.from_config(config)
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
-                     drain_timeout=args.drain_timeout)
+                     drain_timeout=args.drain_timeout, api_key=args.api_key)
     # uvicorn's own grace period only backs up the engine's drain (which ends every stream).
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
                                     log_level=args.log_level, timeout_graceful_shutdown=
-                                    int(args.drain_timeout) + 5)
+                                    int(args.drain_timeout) + 5, http=HeaderTimeoutProtocol)
     asyncio.run(_draining_server(uvicorn_config, engine, args.drain_timeout).serve())
     return 0
 
