@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, TypeVar
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from guided.server.app import Server
 
 T = TypeVar("T")
+DONE = "data: [DONE]\n\n"
+logger = logging.getLogger("guided.server")
 
 
 class ClientGone(Exception):
@@ -82,8 +85,10 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
     for i in range(n):  # the body runs in merged(), which aborts the requests at its end
         yield frame.chat_role(i)
     async for i, out in merged(job, streams):
-        if out.finish_reason == "error":
+        if out.finish_reason == "error":  # the choice ends, then the stream (clients wait
+            yield frame.chat_text(i, None, "error")  # for both)
             yield sse(error_payload(out))
+            yield DONE
             return
         text, tool_deltas = visible(out), None
         if streamers[i] is not None:
@@ -113,7 +118,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
             finals[i] = out
     if include_usage:
         yield frame.chat([], usage=server.usage(job, list(finals.values())))
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 def legacy_delta(delta: P.ChatDelta) -> P.ChatDelta:
@@ -138,7 +143,9 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
             yield frame.completion_text(i, job.echo[job.prompt_of[i]])
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
+            yield frame.completion_text(i, "", "error")
             yield sse(error_payload(out))
+            yield DONE
             return
         text = visible(out)
         new_text = text[sent_text[i]:]
@@ -160,7 +167,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
             finals[i] = out
     if include_usage:
         yield frame.completion([], usage=server.usage(job, list(finals.values())))
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 def abort_all(streams: list[RequestStream]) -> None:
@@ -172,8 +179,23 @@ def sse_response(body: AsyncIterator[str], streams: list[RequestStream]) -> Stre
     # The body aborts its requests when it ends or is closed; this also covers a body that is
     # dropped without ever being started (the client left before the response began).
     weakref.finalize(body, abort_all, streams)
-    return StreamingResponse(body, media_type="text/event-stream",
+    return StreamingResponse(_ended(body), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+async def _ended(body: AsyncIterator[str]) -> AsyncIterator[str]:
+    """body, ended properly even where it raises: an error event and `data: [DONE]` (a stream
+    cut without them leaves clients waiting or guessing)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except Exception as e:  # noqa: BLE001 - a bug while streaming: the client still gets an end
+        logger.exception("a stream failed")
+        yield sse(P.error_body(f"internal error while streaming: {type(e).__name__}",
+                               type="internal_error", code=500))
+        yield DONE
+    finally:
+        await body.aclose()  # type: ignore[attr-defined]
 
 
 # ---- the client's connection --------------------------------------------------------------------

@@ -64,10 +64,17 @@ def test_streamed_tool_call_from_the_fake(http):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_engine_failure_mid_stream_is_an_error_event(http):
+def test_engine_failure_mid_stream_ends_the_choice_and_the_stream(http):
     r = http.post("/v1/chat/completions", json=ask("RAISE", stream=True))
-    events = [line for line in r.text.split("\n\n") if line]
-    assert json.loads(events[-1][len("data: "):])["error"]["type"] == "internal_error"
+    events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"  # clients wait for it
+    assert json.loads(events[-3])["choices"][0]["finish_reason"] == "error"
+    assert json.loads(events[-2])["error"]["type"] == "internal_error"
+    r = http.post("/v1/completions", json={"model": "default", "prompt": "ECHO:RAISE",
+                                           "stream": True})
+    events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]
+    assert json.loads(events[-3])["choices"][0]["finish_reason"] == "error"
     r = http.post("/v1/chat/completions", json=ask("RAISE"))
     assert r.status_code == 500 and r.json()["error"]["message"]
     assert http.post("/v1/chat/completions", json=ask("ok")).status_code == 200
