@@ -193,18 +193,8 @@ def generate(args: argparse.Namespace) -> int:
     from guided.params import SamplingParams
 
     _setup_logging(args.log_level)
-    constraint: dict = {}
-    if args.json_schema:
-        constraint["json_schema"] = json.loads(Path(args.json_schema).read_text())
-    elif args.json_object:
-        constraint["json_object"] = True
-    elif args.regex:
-        constraint["regex"] = args.regex
-    elif args.choice:
-        constraint["choice"] = [c for c in args.choice.split(",") if c]
-    elif args.grammar:
-        constraint["grammar"] = Path(args.grammar).read_text()
     try:
+        constraint = _constraint(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 seed=args.seed, **constraint)
         llm = LLM(**engine_kwargs(args))
@@ -212,8 +202,11 @@ def generate(args: argparse.Namespace) -> int:
             [out] = llm.chat([[{"role": "user", "content": args.prompt}]], params)
         else:
             [out] = llm.generate([args.prompt], params)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # a bad constraint, flag or file: its message, status 2
         print(f"guided generate: {e}", file=sys.stderr)
+        return 2
+    if out.finish_reason == "error":  # e.g. a regex that does not compile
+        print(f"guided generate: {out.error}", file=sys.stderr)
         return 2
     print(out.text)
     m = out.metrics
@@ -221,6 +214,25 @@ def generate(args: argparse.Namespace) -> int:
           f"forward_passes={m.forward_passes}, jump_forward_tokens={m.jump_forward_tokens}]",
           file=sys.stderr)
     return 0
+
+
+def _constraint(args: argparse.Namespace) -> dict:
+    """SamplingParams' constraint kwargs from the flags; a file that is missing or not JSON:
+    OSError / ValueError with the path in the message."""
+    if args.json_schema:
+        try:
+            return {"json_schema": json.loads(Path(args.json_schema).read_text())}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{args.json_schema} is not valid JSON: {e}") from None
+    if args.json_object:
+        return {"json_object": True}
+    if args.regex:
+        return {"regex": args.regex}
+    if args.choice:
+        return {"choice": [c for c in args.choice.split(",") if c]}
+    if args.grammar:
+        return {"grammar": Path(args.grammar).read_text()}
+    return {}
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -27,20 +27,28 @@ class CompileCounts:
     pending: int = 0
 
 
+def _grown(before: float, now: float) -> float:
+    """A counter's growth over the interval; a counter that went down was started again (a
+    new engine, a new source), and all of its value is the interval's."""
+    return now - before if now >= before else now
+
+
 def stats_line(before: EngineStats, now: EngineStats, seconds: float,
                compiles: CompileCounts, compiles_before: CompileCounts,
                thread_seconds: float | None = None) -> str:
     """One interval's summary (pure: the two snapshots and the seconds between them;
     thread_seconds: the CPU time the engine thread had in them)."""
     seconds = max(seconds, 1e-9)
-    prompt = now.prompt_tokens_total - before.prompt_tokens_total
-    generated = now.generation_tokens_total - before.generation_tokens_total
-    passes = now.forward_passes_total - before.forward_passes_total
-    forced = now.jump_forward_tokens_total - before.jump_forward_tokens_total
-    queried = now.prefix_cache_queries_total - before.prefix_cache_queries_total
-    hit = now.prefix_cache_hit_tokens_total - before.prefix_cache_hit_tokens_total
-    asked = compiles.queries - compiles_before.queries
-    found = compiles.hits - compiles_before.hits
+    prompt = _grown(before.prompt_tokens_total, now.prompt_tokens_total)
+    generated = _grown(before.generation_tokens_total, now.generation_tokens_total)
+    passes = _grown(before.forward_passes_total, now.forward_passes_total)
+    forced = _grown(before.jump_forward_tokens_total, now.jump_forward_tokens_total)
+    queried = _grown(before.prefix_cache_queries_total, now.prefix_cache_queries_total)
+    hit = _grown(before.prefix_cache_hit_tokens_total, now.prefix_cache_hit_tokens_total)
+    asked = _grown(compiles_before.queries, compiles.queries)
+    found = _grown(compiles_before.hits, compiles.hits)
+    if thread_seconds is not None:
+        thread_seconds = max(thread_seconds, 0.0)
     kv = now.kv_blocks_in_use / now.kv_blocks_total if now.kv_blocks_total else 0.0
     return (f"running {now.num_running}, waiting {now.num_waiting}, compiling "
             f"{compiles.pending} | prompt {prompt / seconds:.1f} tok/s, generation "
@@ -124,7 +132,7 @@ def cpu_by_group(before: dict[int, tuple[str, float]], now: dict[int, tuple[str,
     for tid, (name, cpu) in now.items():
         used = groups.setdefault(thread_group(name), [0, 0.0])
         used[0] += 1
-        used[1] += cpu - before.get(tid, (name, 0.0))[1]
+        used[1] += cpu - _base(before, tid, name, cpu)
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
     return ", ".join(f"{group} x{count} {cpu / max(seconds, 1e-9):.2f}"
                      for group, (count, cpu) in ranked if cpu > 0)
@@ -158,11 +166,18 @@ def throttled_seconds() -> float | None:
     return None
 
 
+def _base(before: dict[int, tuple[str, float]], tid: int, name: str, cpu: float) -> float:
+    """A thread's CPU at the interval's start; 0 for a thread id the kernel reused for a new
+    thread (another name, or less CPU than the old one had)."""
+    old_name, old_cpu = before.get(tid, (name, 0.0))
+    return old_cpu if old_name == name and old_cpu <= cpu else 0.0
+
+
 def busiest_threads(before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]],
                     seconds: float, top: int = 6) -> str:
     """The threads that had the most CPU between two thread_cpu_seconds(), as shares of the
     interval (pure)."""
-    used = sorted(((cpu - before.get(tid, (name, 0.0))[1], name)
+    used = sorted(((cpu - _base(before, tid, name, cpu), name)
                    for tid, (name, cpu) in now.items()), reverse=True)
     return ", ".join(f"{name} {cpu / max(seconds, 1e-9):.0%}" for cpu, name in used[:top]
                      if cpu > 0)
@@ -174,10 +189,11 @@ def cpu_waits(run_delay_before: float | None, run_delay: float | None,
     interval (pure; what is unknown is left out)."""
     seconds = max(seconds, 1e-9)
     parts = []
-    if run_delay_before is not None and run_delay is not None:
+    # a counter that went down was read from another thread: unknown, left out
+    if run_delay_before is not None and run_delay is not None and run_delay >= run_delay_before:
         parts.append(f"engine thread runnable without a core "
                      f"{(run_delay - run_delay_before) / seconds:.0%}")
-    if throttled_before is not None and throttled is not None:
+    if throttled_before is not None and throttled is not None and throttled >= throttled_before:
         parts.append(f"cgroup throttled {(throttled - throttled_before) / seconds:.0%}")
     return ", ".join(parts)
 
@@ -205,9 +221,9 @@ class StatsLogger:
             return False
         now = self._clock()
         thread_time = time.thread_time()
-        if self._last is None:
+        if self._last is None:  # the first call, on the engine's thread: every baseline here
             self._last, self._last_time, self._last_compiles = stats, now, compiles
-            self._last_thread_time = thread_time
+            self._last_thread_time, self._run_delay = thread_time, run_delay_seconds()
             return False
         if now - self._last_time < self.interval_s:
             return False

@@ -108,3 +108,51 @@ def test_cpu_waits_are_shares_of_the_interval_and_leave_out_what_is_unknown():
     assert cpu_waits(None, 1.5, 2.0, 2.2, 2.0) == "cgroup throttled 10%"
     assert cpu_waits(1.0, 1.5, None, None, 2.0) == "engine thread runnable without a core 25%"
     assert cpu_waits(None, None, None, None, 2.0) == ""
+
+
+def test_no_negative_shares_from_counters_that_went_down():
+    """A counter read from another thread or source (it went down) never gives a negative
+    share: the stats log once printed "-244%"."""
+    high = EngineStats(generation_tokens_total=900, prompt_tokens_total=900,
+                       jump_forward_tokens_total=800, prefix_cache_queries_total=900,
+                       prefix_cache_hit_tokens_total=800, forward_passes_total=900)
+    low = EngineStats(generation_tokens_total=100, prompt_tokens_total=100,
+                      jump_forward_tokens_total=50, prefix_cache_queries_total=100,
+                      prefix_cache_hit_tokens_total=50, forward_passes_total=100)
+    line = stats_line(high, low, 1.0, CompileCounts(1, 1, 0), CompileCounts(5, 5, 0), -2.44)
+    assert "-" not in line.replace("jump-forward", "").replace("tok/s", ""), line
+    assert "-" not in cpu_waits(5.0, 1.0, 3.0, 1.0, 1.0)
+    reused = {7: ("grammar-compile-1", 9.0)}
+    assert "-" not in busiest_threads(reused, {7: ("tokenizer", 2.0)}, 1.0)
+    assert cpu_by_group(reused, {7: ("tokenizer", 2.0)}, 1.0) == "tokenizer x1 2.00"
+
+
+def test_first_interval_measures_the_engine_thread_from_its_own_baseline(monkeypatch):
+    """The logger is made on one thread and called on the engine's: the first call takes every
+    per-thread baseline (run delay, thread time) on the calling thread."""
+    import threading
+
+    import guided.server.stats_log as stats_log
+
+    delays = {"made-here": 50.0}
+    monkeypatch.setattr(stats_log, "run_delay_seconds",
+                        lambda: delays.get(threading.current_thread().name, 1.0))
+    t = [0.0]
+    logger = StatsLogger(1.0, clock=lambda: t[0])
+    seen = []
+
+    def engine_thread():
+        logger.maybe_log(EngineStats(), CompileCounts())
+        t[0] = 2.0
+        delays["engine"] = 1.5
+        seen.append(logger._run_delay)
+        logger.maybe_log(EngineStats(generation_tokens_total=10), CompileCounts())
+
+    thread = threading.Thread(target=engine_thread, name="engine")
+    threading.current_thread().name, old = "made-here", threading.current_thread().name
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        threading.current_thread().name = old
+    assert seen == [1.0]  # not the 50 s of the thread that made the logger
