@@ -8,7 +8,7 @@ import pytest
 from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
 from fastapi.testclient import TestClient
 
-from guided.async_engine import AsyncEngine
+from guided.serving.async_engine import AsyncEngine
 from guided.server.app import create_app
 
 
