@@ -21,7 +21,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
+from guided.fsm.schema_arrays import rewrite_contains, rewrite_unique_items
 from guided.fsm.schema_drafts import upgrade
+from guided.fsm.schema_refs import localize_refs
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
 from guided.fsm.schema_numbers import bounded_multiples, rewrite_multiple_of
 from guided.fsm.schema_objects import (
@@ -58,8 +60,8 @@ ARRAY_KEYWORDS = frozenset({"items", "prefixItems", "minItems", "maxItems", "uni
 TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object": OBJECT_KEYWORDS,
                  "array": ARRAY_KEYWORDS}
 # Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
-IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains",
-                       "maxContains", "$dynamicRef", "$recursiveRef",
+IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependencies", "unevaluatedProperties",
+                       "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
 INTEGER_LIMIT = 2**53
@@ -78,7 +80,7 @@ def check_schema(schema: Any) -> Any:
         return {}
     if not isinstance(schema, dict):
         raise ConstraintError("a JSON schema must be an object or a boolean")
-    schema = upgrade(schema)
+    schema = localize_refs(upgrade(schema))
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
@@ -250,15 +252,10 @@ class _Rewriter(SchemaCombiner):
             raise refuse("items", pointer, "the array form of 'items' (draft 7 tuples) is not "
                                            "supported; use prefixItems")
         node.pop("additionalItems", None)  # not a 2020-12 keyword: no effect without tuple items
-        if node.pop("uniqueItems", False):
-            values = values_of(self.deref(items, pointer)) if isinstance(items, dict) else None
-            if node.get("maxItems", math.inf) <= 1:
-                pass
-            elif values is not None and len(values) == 1 and not node.get("prefixItems"):
-                node["maxItems"] = 1
-            else:
-                raise refuse("uniqueItems", pointer, "unique array items cannot be enforced "
-                                                     "by the grammar")
+        if "contains" in node:
+            rewrite_contains(node, pointer)
+        unique = node.pop("uniqueItems", False)
+        items = node.get("items")
         if isinstance(items, dict):
             node["items"] = self.rewrite(items, f"{pointer}/items")
         elif items is None and "prefixItems" not in node and _may_be(node, "array"):
@@ -266,6 +263,8 @@ class _Rewriter(SchemaCombiner):
         if "prefixItems" in node:
             node["prefixItems"] = [self.rewrite(s, f"{pointer}/prefixItems/{i}")
                                    for i, s in enumerate(node["prefixItems"])]
+        if unique:
+            rewrite_unique_items(node, pointer)
 
 
 def _may_be(node: dict, type_name: str) -> bool:

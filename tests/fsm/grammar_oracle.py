@@ -38,7 +38,9 @@ class Oracle:
                 and matcher.is_terminated())
 
     def admits_value(self, value) -> bool:
-        return self.admits(json.dumps(value, separators=(", ", ": ")))
+        """In the engine's separators, or compact (xgrammar writes enum values compact)."""
+        return any(self.admits(json.dumps(value, separators=separators))
+                   for separators in ((", ", ": "), (",", ":")))
 
     def walk(self, rng: random.Random, steps: int = 300) -> str | None:
         """One output drawn at random from the grammar's masks (None: it did not end)."""
