@@ -26,6 +26,7 @@ from guided.params import SamplingParams
 from guided.server import protocol as P
 from guided.server.auth import ApiKeyMiddleware
 from guided.server.door import check_unicode, clip
+from guided.server.prompting import PromptWork, chat_chars, completion_chars
 from guided.server.jobs import (
     Job,
     ModelNotFound,
@@ -87,6 +88,7 @@ class Server:
         except Exception:  # noqa: BLE001
             self.tokenizer = core.tokenizer
         self.texts = P.TokenTexts(self.tokenizer)
+        self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
         self.native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
         self.compile_timeout_s = core.config.compile_timeout_s
         self.metrics = ServerMetrics(engine.stats,
@@ -309,6 +311,7 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
     async def lifespan(app: FastAPI):
         yield
         await engine.shutdown(drain_timeout)
+        server.prompts.shutdown()
 
     app = FastAPI(title="guided", lifespan=lifespan)
     app.state.server = server
@@ -346,7 +349,8 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
                                   type="internal_error", code=500)
 
     async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
-        job = server.chat_job(req)
+        server.prompts.check_chars(chat_chars(req), "messages")
+        job = await server.prompts.run(server.chat_job, req)
         if req.stream:
             streams = await unless_disconnected(request, server.start(job))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -360,7 +364,8 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
         return JSONResponse(response.model_dump(exclude_none=True))
 
     async def run_completion(request: Request, req: P.CompletionRequest) -> Response:
-        job = server.completion_job(req)
+        server.prompts.check_chars(completion_chars(req), "prompt")
+        job = await server.prompts.run(server.completion_job, req)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             streams = await unless_disconnected(request, server.start(job))
