@@ -84,7 +84,10 @@ def init_distributed(device: torch.device, *, timeout_s: float = INIT_TIMEOUT_S
 
 
 def destroy_distributed(ctx: ParallelContext) -> None:
+    """Leave the group together: a rank that tears its connections down while a peer still
+    talks to it can abort that peer (seen with gloo: std::terminate, SIGABRT)."""
     if ctx.world_size > 1 and dist.is_initialized():
+        dist.barrier(group=ctx.group)
         dist.destroy_process_group()
 
 

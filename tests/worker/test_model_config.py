@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig
+from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig, synthetic_config
 from guided.worker.models.llama import LlamaForCausalLM
 
 
@@ -19,3 +19,9 @@ def test_num_params_counts_the_built_models_weights(tied):
     assert config.num_params == sum(p.numel() for p in model.parameters())
     untied = dataclasses.replace(config, tie_word_embeddings=False)
     assert untied.num_params - config.num_params == (0 if not tied else 500 * 64)
+
+
+@pytest.mark.parametrize("shape,billions", [("llama-3-8b", 8.03), ("llama-3-70b", 70.55),
+                                            ("qwen2.5-7b", 7.62), ("qwen2.5-72b", 72.71)])
+def test_synthetic_shapes_have_their_model_cards_parameter_counts(shape, billions):
+    assert synthetic_config(shape).num_params / 1e9 == pytest.approx(billions, rel=2e-3)

@@ -104,8 +104,9 @@ def test_default_model_on_two_ranks_equals_one_rank(prompt_ids):
 
 
 @pytest.mark.parametrize("changes", [
-    # Qwen2-like: q/k/v biases, an untied LM head, a vocab that does not split evenly
-    {"attention_bias": True, "tie_word_embeddings": False, "vocab_size": 1001},
+    # Qwen2-like: q/k/v biases, an untied LM head, a vocab that does not split evenly,
+    {"attention_bias": True, "tie_word_embeddings": False, "vocab_size": 1001,
+     "intermediate_size": 151},  # and an MLP width that splits 76 + 75
     # one KV head for two ranks: each rank holds a copy of it
     {"num_heads": 4, "num_kv_heads": 1, "vocab_size": 1000},
 ])

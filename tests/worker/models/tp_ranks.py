@@ -32,10 +32,9 @@ def _rank_main(rank: int, target: Callable[..., Any], world_size: int, port: int
     torch.set_num_threads(1)  # two ranks on a shared 2-core box: no OpenMP spinning
     ctx = init_distributed(torch.device("cpu"), timeout_s=TIMEOUT_S / 2)
     try:
-        result = target(ctx, *args)
+        torch.save(target(ctx, *args), Path(out_dir) / f"rank{rank}.pt")
     finally:
         destroy_distributed(ctx)
-    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
 def run_ranks(target: Callable[..., Any], world_size: int, *args: Any,
