@@ -24,6 +24,7 @@ from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
+from guided.server.admission import Admission, register_metrics
 from guided.server.auth import ApiKeyMiddleware
 from guided.server.door import check_unicode, clip
 from guided.server.prompting import PromptWork, chat_chars, completion_chars
@@ -89,11 +90,15 @@ class Server:
             self.tokenizer = core.tokenizer
         self.texts = P.TokenTexts(self.tokenizer)
         self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
+        # the engine runs max_num_seqs at once: more would only share its steps thinner
+        self.admission = Admission(core.config.max_num_seqs,
+                                   max_waiting=min(self.max_choices, 4 * core.config.max_num_seqs))
         self.native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
         self.compile_timeout_s = core.config.compile_timeout_s
         self.metrics = ServerMetrics(engine.stats,
                                      lambda: (engine.compile_queries, engine.compile_hits))
         engine.on_finished = self.metrics.observe_finished
+        register_metrics(self.admission, self.metrics.registry)
 
     # ---- building jobs ---------------------------------------------------------------------
 
@@ -351,32 +356,38 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
     async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
         server.prompts.check_chars(chat_chars(req), "messages")
         job = await server.prompts.run(server.chat_job, req)
-        if req.stream:
-            streams = await unless_disconnected(request, server.start(job))
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return sse_response(chat_stream(server, job, streams, include_usage), streams)
+        slot = await unless_disconnected(request, server.admission.enter(len(job.params)))
+        with slot.held():
+            if req.stream:
+                streams = await unless_disconnected(request, server.start(job))
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                return sse_response(slot.keep(chat_stream(server, job, streams, include_usage)),
+                                    streams)
 
-        async def run():
-            streams = await server.start(job)
-            return server.chat_response(job, await server.finals(job, streams))
+            async def run():
+                streams = await server.start(job)
+                return server.chat_response(job, await server.finals(job, streams))
 
-        response = await unless_disconnected(request, run())
+            response = await unless_disconnected(request, run())
         return JSONResponse(response.model_dump(exclude_none=True))
 
     async def run_completion(request: Request, req: P.CompletionRequest) -> Response:
         server.prompts.check_chars(completion_chars(req), "prompt")
         job = await server.prompts.run(server.completion_job, req)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            streams = await unless_disconnected(request, server.start(job))
-            return sse_response(
-                completion_stream(server, job, streams, req.echo, include_usage), streams)
+        slot = await unless_disconnected(request, server.admission.enter(len(job.params)))
+        with slot.held():
+            if req.stream:
+                streams = await unless_disconnected(request, server.start(job))
+                return sse_response(slot.keep(
+                    completion_stream(server, job, streams, req.echo, include_usage)), streams)
 
-        async def run():
-            streams = await server.start(job)
-            return server.completion_response(job, await server.finals(job, streams), req.echo)
+            async def run():
+                streams = await server.start(job)
+                return server.completion_response(job, await server.finals(job, streams),
+                                                  req.echo)
 
-        response = await unless_disconnected(request, run())
+            response = await unless_disconnected(request, run())
         return JSONResponse(response.model_dump(exclude_none=True))
 
     @app.post("/v1/chat/completions")

@@ -137,14 +137,17 @@ def test_disconnect_while_queued(url):
     before = aborts(metrics(url))
     thread = threading.Thread(target=disconnect_after, args=(url, long_chat(max_tokens=5), 3.0))
     thread.start()
-    wait_for(url, lambda m: m["guided_requests_waiting"] >= 1)
+    # it waits in the server's admission queue (the engine runs MAX_NUM_SEQS at once)
+    wait_for(url, lambda m: m["guided_requests_queued"] >= 1)
     thread.join()
-    m = wait_for(url, lambda m: m["guided_requests_waiting"] == 0)
+    m = wait_for(url, lambda m: m["guided_requests_queued"] == 0)
     assert m["guided_requests_running"] == MAX_NUM_SEQS  # the queued one left, nothing else
+    assert m["guided_requests_admitted"] == MAX_NUM_SEQS and m["guided_requests_waiting"] == 0
     for b in blockers:
         b.stop()
     m = wait_for(url, idle)
-    assert aborts(m) == before + 1 + MAX_NUM_SEQS
+    assert m["guided_requests_admitted"] == 0
+    assert aborts(m) == before + MAX_NUM_SEQS  # the queued one never reached the engine
 
 
 def test_disconnect_while_compiling(url):
