@@ -80,7 +80,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> Non
     """Dequantize a llama-family GGUF into HF layout (safetensors + config + tokenizer); weights
     False: config + tokenizer only.
 
-    Written to a temporary directory and renamed into place, so concurrent first starts are safe.
+    Written to a temporary directory and moved into place, so concurrent first starts are safe:
+    a copy already there (another start's, or one without weights) only gains the files it
+    lacks, one atomic rename each, and never loses a file a reader may have open.
     """
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -89,7 +91,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> Non
     log.info("converting %s (first start; cached in %s)", gguf_path.name, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    done = out_dir / ("model.safetensors" if weights else "config.json")
     try:
         if weights:
             config, tensors = read_gguf_weights(gguf_path)
@@ -102,13 +103,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> Non
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.clean_up_tokenization_spaces = False  # llama.cpp's decode: see load_tokenizer
         tokenizer.save_pretrained(str(tmp))
-        if out_dir.is_dir() and not (out_dir / "model.safetensors").is_file():
-            shutil.rmtree(out_dir, ignore_errors=True)  # a copy without weights: replace it
         try:
             os.rename(tmp, out_dir)
         except OSError:
-            if not done.is_file():
+            if not out_dir.is_dir():
                 raise
+            for f in tmp.iterdir():
+                if not (out_dir / f.name).exists():
+                    os.replace(f, out_dir / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted in %.1f s", time.perf_counter() - t0)

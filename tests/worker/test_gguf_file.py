@@ -41,3 +41,17 @@ def test_a_gguf_config_is_read_without_converting_the_weights(tmp_path, monkeypa
     converted = list(tmp_path.iterdir())
     assert len(converted) == 1 and (converted[0] / "config.json").is_file()
     assert not (converted[0] / "model.safetensors").exists()
+
+
+def test_converting_the_weights_later_adds_them_beside_the_config(tmp_path, monkeypatch):
+    """A copy converted without weights keeps its files (a reader may have them open) and
+    gains model.safetensors when a whole-model start needs it."""
+    from guided.worker.loader import resolve_model_dir
+
+    monkeypatch.setenv("GUIDED_CACHE_DIR", str(tmp_path))
+    gguf = str(default_gguf_path())
+    light = resolve_model_dir(gguf, need_weights=False)
+    config = light / "config.json"
+    before = config.stat().st_ino
+    assert resolve_model_dir(gguf) == light
+    assert (light / "model.safetensors").is_file() and config.stat().st_ino == before
