@@ -11,7 +11,7 @@ import torch
 from tp_ranks import run_ranks
 
 from guided.worker.attention_metadata import AttentionMetadata
-from guided.worker.distributed import SINGLE, ParallelContext
+from guided.worker.distributed import SINGLE, ParallelContext, rank_device
 from guided.worker.loader import (default_gguf_path, load_model_config, load_tokenizer,
                                   weight_reader)
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig
@@ -32,10 +32,12 @@ def greedy(model: LlamaForCausalLM, prompts: list[list[int]], num_steps: int
     cfg = model.config
     num_reqs = len(prompts)
     blocks_per_req = -(-(max(map(len, prompts)) + num_steps) // BLOCK_SIZE)
+    device = model.norm.weight.device
     cache = torch.zeros(cfg.num_layers, 2, num_reqs * blocks_per_req, BLOCK_SIZE,
-                        model.layout.num_kv_heads, cfg.head_dim)  # this rank's KV heads
+                        model.layout.num_kv_heads, cfg.head_dim, device=device)  # its KV heads
     kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(cfg.num_layers)]
-    tables = torch.arange(num_reqs * blocks_per_req, dtype=torch.int32).view(num_reqs, -1)
+    tables = torch.arange(num_reqs * blocks_per_req, dtype=torch.int32,
+                          device=device).view(num_reqs, -1)
     feed, num_computed = [list(p) for p in prompts], [0] * num_reqs
     tokens: list[list[int]] = [[] for _ in prompts]
     step_logits = []
@@ -50,23 +52,26 @@ def greedy(model: LlamaForCausalLM, prompts: list[list[int]], num_steps: int
             starts.append(starts[-1] + len(new))
         seq_lens = [c + len(new) for c, new in zip(num_computed, feed)]
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots), block_tables=tables,
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            slot_mapping=torch.tensor(slots, device=device), block_tables=tables,
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             max_query_len=max(map(len, feed)), max_seq_len=max(seq_lens), use_triton=False)
         with torch.no_grad():
-            hidden = model(torch.tensor(ids), torch.tensor(positions), kv_caches, meta)
+            hidden = model(torch.tensor(ids, device=device),
+                           torch.tensor(positions, device=device), kv_caches, meta)
             logits = model.compute_logits(hidden[torch.tensor(starts[1:]) - 1])  # (B, V)
-        step_logits.append(logits)
+        step_logits.append(logits.cpu())
         for r, token in enumerate(logits.argmax(-1).tolist()):
             tokens[r].append(token)
         num_computed, feed = seq_lens, [[t[-1]] for t in tokens]
     return torch.stack(step_logits), tokens
 
 
-def _run_model(ctx: ParallelContext, model_name: str, prompts: list[list[int]]) -> dict:
+def _run_model(ctx: ParallelContext, model_name: str, prompts: list[list[int]],
+               device_type: str = "cpu") -> dict:
     cfg = load_model_config(model_name)
-    model = build_model(cfg, weight_reader(model_name), device=CPU, dtype=F32, ctx=ctx)
+    device = rank_device(device_type)  # cuda:LOCAL_RANK (0 outside the ranks), or the CPU
+    model = build_model(cfg, weight_reader(model_name), device=device, dtype=F32, ctx=ctx)
     logits, tokens = greedy(model, prompts, NUM_STEPS)
     return {"logits": logits, "tokens": tokens, "kv_heads": model.layout.kv_heads,
             "num_params": sum(p.numel() for p in model.parameters()),
@@ -74,10 +79,12 @@ def _run_model(ctx: ParallelContext, model_name: str, prompts: list[list[int]]) 
 
 
 def assert_same_as_one_rank(model_name: str, prompts: list[list[int]],
-                            sharded_name: str | None = None) -> list[dict]:
+                            sharded_name: str | None = None, device_type: str = "cpu"
+                            ) -> list[dict]:
     """sharded_name: the same weights from another source, for the ranks."""
-    whole = _run_model(SINGLE, model_name, prompts)
-    ranks = run_ranks(_run_model, 2, sharded_name or model_name, prompts)
+    whole = _run_model(SINGLE, model_name, prompts, device_type)
+    ranks = run_ranks(_run_model, 2, sharded_name or model_name, prompts, device_type,
+                      device_type=device_type)
     for out in ranks:
         torch.testing.assert_close(out["logits"], whole["logits"], rtol=1e-4, atol=1e-4)
         assert out["tokens"] == whole["tokens"]
@@ -101,6 +108,14 @@ def test_default_model_on_two_ranks_equals_one_rank(prompt_ids):
     # the ranks hold disjoint slices: together the whole model, plus the norms each one copies
     norms = (2 * cfg.num_layers + 1) * cfg.hidden_size
     assert sum(out["num_params"] for out in ranks) == whole["num_params"] + norms
+
+
+@pytest.mark.gpu
+def test_default_model_on_two_gpus_equals_one_gpu(prompt_ids):
+    """The same through NCCL (float32; the torch attention reference on both sides)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    assert_same_as_one_rank("default", prompt_ids, device_type="cuda")
 
 
 @pytest.mark.parametrize("changes", [

@@ -1,6 +1,7 @@
-"""Runs a function on N CPU ranks joined through gloo (guided.worker.distributed's env://
-rendezvous on a free port), in spawned processes with a deadline: a rank that hangs or dies
-fails the test instead of hanging it. Each rank's return value comes back through a file."""
+"""Runs a function on N ranks joined through guided.worker.distributed's env:// rendezvous on a
+free port (gloo on the CPU, NCCL on GPUs, one per rank), in spawned processes with a deadline:
+a rank that hangs or dies fails the test instead of hanging it. Each rank's return value comes
+back through a file."""
 from __future__ import annotations
 
 import os
@@ -24,13 +25,13 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, target: Callable[..., Any], world_size: int, port: int, out_dir: str,
-               args: tuple) -> None:
-    from guided.worker.distributed import destroy_distributed, init_distributed
+               args: tuple, device_type: str) -> None:
+    from guided.worker.distributed import destroy_distributed, init_distributed, rank_device
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # two ranks on a shared 2-core box: no OpenMP spinning
-    ctx = init_distributed(torch.device("cpu"), timeout_s=TIMEOUT_S / 2)
+    ctx = init_distributed(rank_device(device_type), timeout_s=TIMEOUT_S / 2)
     try:
         torch.save(target(ctx, *args), Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -38,12 +39,12 @@ def _rank_main(rank: int, target: Callable[..., Any], world_size: int, port: int
 
 
 def run_ranks(target: Callable[..., Any], world_size: int, *args: Any,
-              timeout_s: float = TIMEOUT_S) -> list[Any]:
+              device_type: str = "cpu", timeout_s: float = TIMEOUT_S) -> list[Any]:
     """[target(ctx, *args) on rank r for r in range(world_size)]; target must be a module-level
     function (the spawned ranks import it)."""
     with tempfile.TemporaryDirectory() as out_dir:
         procs = mp.start_processes(_rank_main, args=(target, world_size, free_port(), out_dir,
-                                                      args),
+                                                      args, device_type),
                                    nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
