@@ -193,7 +193,7 @@ class Checker:
     def run(self, case: Case) -> Outcome:
         from jsonschema import Draft202012Validator
 
-        from guided.errors import ConstraintError
+        from guided.errors import CompileTimeoutError, ConstraintError
         from guided.params import ConstraintSpec
 
         out = Outcome(case.subset, case.schema_id, keywords=sorted(keywords_of(case.schema)))
@@ -202,7 +202,7 @@ class Checker:
             start = time.perf_counter()
             grammar = self.compiler.compile(spec)
             out.compile_ms = (time.perf_counter() - start) * 1e3
-        except ConstraintError as e:
+        except (ConstraintError, CompileTimeoutError) as e:  # a timeout: not served either
             out.refused = str(e)
             return out
         if self.dfa and grammar.backend != "dfa":

@@ -185,12 +185,7 @@ class _Rewriter(SchemaCombiner):
         if validation_keys(rest):
             live = [self.merge([copy.deepcopy(rest), b], f"{pointer}/{kw}", kw) for b in live]
         if kw == "oneOf" and len(live) > 1:
-            for i in range(len(live)):
-                for j in range(i + 1, len(live)):
-                    if not self.disjoint(live[i], live[j], pointer):
-                        raise refuse("oneOf", pointer, f"branches {i} and {j} may both match "
-                                     f"a value; only provably exclusive branches (different "
-                                     f"types, or different const/enum values) are supported")
+            live = self._exclusive_branches(live, pointer)
         out: dict = {"anyOf": [self.rewrite(b, f"{pointer}/{kw}/{i}")
                                for i, b in enumerate(live)]}
         if len(out["anyOf"]) == 1:
@@ -199,6 +194,22 @@ class _Rewriter(SchemaCombiner):
             out[k] = {name: self.rewrite(s, f"{pointer}/{k}/{_esc(name)}")
                       for name, s in v.items()}
         return out
+
+    def _exclusive_branches(self, live: list, pointer: str) -> list:
+        """oneOf branches whose outputs match one branch only (then it is their anyOf), made
+        so by a discriminating property where needed, or refused."""
+        pairs = [(i, j) for i in range(len(live)) for j in range(i + 1, len(live))]
+        clash = next(((i, j) for i, j in pairs
+                      if not self.exclusive(live[i], live[j], pointer)), None)
+        if clash is None:
+            return live
+        tagged = self.discriminate(live, pointer)
+        if tagged is not None:
+            return tagged
+        raise refuse("oneOf", pointer, f"branches {clash[0]} and {clash[1]} may both match a "
+                     f"value; only provably exclusive branches (different types, different "
+                     f"const/enum values of a property, or required keys the other cannot "
+                     f"have) are supported")
 
     # ---- per-type rewrites (strings: schema_formats.rewrite_string) ------------------------
     def _rewrite_object(self, node: dict, pointer: str) -> None:

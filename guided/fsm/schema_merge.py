@@ -109,21 +109,106 @@ class SchemaCombiner:
         ta, tb = _types_of(a), _types_of(b)
         if ta is not None and tb is not None and not _types_overlap(ta, tb):
             return True
-        va, vb = values_of(a), values_of(b)
-        if va is not None and vb is not None and not (set(va) & set(vb)):
+        va, vb = self.known_values(a, pointer), self.known_values(b, pointer)
+        if va is not None and vb is not None and not (va & vb):
             return True
         for key in set(a.get("required", [])) & set(b.get("required", [])):
-            pa = self.deref(a.get("properties", {}).get(key, True), pointer)
-            pb = self.deref(b.get("properties", {}).get(key, True), pointer)
-            if isinstance(pa, dict) and isinstance(pb, dict):
-                xa, xb = values_of(pa), values_of(pb)
-                if xa is not None and xb is not None and not (set(xa) & set(xb)):
-                    return True
+            xa = self.known_values(a.get("properties", {}).get(key, True), pointer)
+            xb = self.known_values(b.get("properties", {}).get(key, True), pointer)
+            if xa is not None and xb is not None and not (xa & xb):
+                return True
         for x, y in ((a, b), (b, a)):
             if y.get("additionalProperties") is False and "object" in (_types_of(y) or {"object"}):
                 if set(x.get("required", [])) - set(y.get("properties", {})):
                     return True
         return False
+
+
+    def known_values(self, node: Any, pointer: str, depth: int = 0) -> set[str] | None:
+        """The values node admits, as normalized JSON texts, where it lists them (a const or
+        enum, or an allOf with one); None where it does not (any value, as far as known)."""
+        node = self.deref(node, pointer)
+        if not isinstance(node, dict) or depth > 16:
+            return None
+        if "const" in node or "enum" in node:
+            values = [node["const"]] if "const" in node else node["enum"]
+            return {json_text(_normal_number(v)) for v in values}
+        known = [self.known_values(s, pointer, depth + 1) for s in node.get("allOf", [])]
+        known = [k for k in known if k is not None]
+        return set.intersection(*known) if known else None
+
+    def exclusive(self, a: Any, b: Any, pointer: str) -> bool:
+        """Whether no output generated for either branch of a oneOf matches the other: they
+        are disjoint, or each one's outputs (strict mode closes their objects) lack a key the
+        other requires."""
+        return self.disjoint(a, b, pointer) or (self._outputs_miss(a, b, pointer)
+                                                and self._outputs_miss(b, a, pointer))
+
+    def _outputs_miss(self, x: Any, y: Any, pointer: str) -> bool:
+        x, y = self.deref(x, pointer), self.deref(y, pointer)
+        if not isinstance(x, dict) or not isinstance(y, dict):
+            return False
+        keys = _closed_keys(x)
+        return keys is not None and bool(set(y.get("required", [])) - keys)
+
+    def discriminate(self, branches: list, pointer: str) -> list | None:
+        """Branches made exclusive by a property each declares with listed values, disjoint
+        from branch to branch: required in each (outputs lacking it are not generated:
+        stricter), so an output matches its own branch only. None: no such property."""
+        dicts = [self.deref(b, pointer) for b in branches]
+        if not all(isinstance(d, dict) and _object_only(d) for d in dicts):
+            return None
+        common = set.intersection(*(set(d.get("properties", {})) for d in dicts))
+        for key in sorted(common):
+            values = [self.known_values(d["properties"][key], pointer) for d in dicts]
+            if any(v is None for v in values):
+                continue
+            if all(not (values[i] & values[j]) for i in range(len(values))
+                   for j in range(i + 1, len(values))):
+                return [{**d, "required": list(dict.fromkeys([*d.get("required", []), key]))}
+                        for d in dicts]
+        return None
+
+
+# keywords of the other types than object: a branch with one may generate non-objects
+_NOT_OBJECT = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                         "multipleOf", "minLength", "maxLength", "pattern", "format", "items",
+                         "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
+                         "enum", "const"})
+# keywords that make an object schema's keys more than its properties
+_OPENING = frozenset({"anyOf", "oneOf", "allOf", "$ref", "not", "if", "patternProperties",
+                      "propertyNames", "dependentSchemas", "dependentRequired", "dependencies"})
+
+
+def _object_only(node: dict) -> bool:
+    """Whether every value node admits is an object (as schema_check rewrites it)."""
+    if "type" in node:
+        return as_list(node["type"]) == ["object"]
+    return "properties" in node and not _NOT_OBJECT & node.keys()
+
+
+def _closed_keys(node: dict) -> set[str] | None:
+    """The keys a generated object may have (strict mode: its properties and required names),
+    or None where more may come (open, combined, or not an object)."""
+    if _OPENING & node.keys() or not _object_only(node):
+        return None
+    extra = node.get("additionalProperties")
+    if extra is not None and extra is not False:
+        return None
+    if "properties" not in node and extra is None:
+        return None
+    return set(node.get("properties", {})) | set(node.get("required", []))
+
+
+def _normal_number(value: Any) -> Any:
+    """1.0 as 1 (JSON Schema equality), deeply."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_normal_number(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normal_number(v) for k, v in value.items()}
+    return value
 
 
 def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:

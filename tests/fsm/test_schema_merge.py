@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+from grammar_oracle import Oracle
+
+from guided.errors import ConstraintError
+from guided.fsm.schema_check import check_schema
+
+
+def test_one_of_with_required_keys_the_other_branch_cannot_have():
+    oracle = Oracle({"oneOf": [
+        {"type": "object", "properties": {"key": {"type": "string"}, "secret": {}},
+         "required": ["key", "secret"]},
+        {"type": "object", "properties": {"role": {"type": "string"}}, "required": ["role"]},
+        {"type": "null"}]})
+    oracle.assert_judges(valid=[{"key": "a", "secret": 1}, {"role": "r"}, None],
+                         invalid=[{"key": "a"}, 3])
+    # valid (its extra key matches no other branch) but not generated: objects are closed
+    assert not oracle.admits_value({"role": "r", "key": "a"})
+    assert oracle.assert_sound(walks=60) >= 30
+
+
+def test_one_of_made_exclusive_by_a_discriminating_property():
+    schema = {"type": "object", "properties": {"shape": {"type": "string"}, "side": {},
+                                               "radius": {}},
+              "oneOf": [{"properties": {"shape": {"enum": ["square"]}, "side": {}}},
+                        {"properties": {"shape": {"const": "circle"}, "radius": {}}}]}
+    oracle = Oracle(schema)
+    oracle.assert_judges(valid=[{"shape": "square", "side": 2}, {"shape": "circle"}],
+                         invalid=[{"shape": "triangle"}])
+    assert not oracle.admits_value({})  # matches both branches: invalid, never generated
+    assert oracle.assert_sound(walks=60) >= 30
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "integer"}, {"minimum": 3}]},
+    # 1 and 1.0 are one value to JSON Schema
+    {"type": "object", "oneOf": [{"properties": {"n": {"const": 1}}, "required": ["n"]},
+                                 {"properties": {"n": {"const": 1.0}}, "required": ["n"]}]},
+    # open objects: each branch's output may carry the other's key
+    {"oneOf": [{"type": "object", "required": ["a"], "additionalProperties": True},
+               {"type": "object", "required": ["b"]}]},
+])
+def test_one_of_refused_where_branches_may_overlap(schema):
+    with pytest.raises(ConstraintError, match="oneOf"):
+        check_schema(schema)
