@@ -1,4 +1,5 @@
-"""The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) in plain torch over a paged KV cache."""
+"""The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) in plain torch over a paged KV
+cache: the whole model, or one tensor-parallel rank's shard of it (models/parallel.py)."""
 from __future__ import annotations
 
 import math
@@ -220,7 +221,13 @@ def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece
 def build_model(cfg: ModelConfig, reader: WeightReader, *, device: torch.device,
                 dtype: torch.dtype, ctx: ParallelContext = SINGLE) -> LlamaForCausalLM:
     """Rank ctx.rank's shard of the model (the whole model at world size 1) on device, its
-    parameters allocated once in dtype and filled from reader (loader.weight_reader)."""
+    parameters allocated once in dtype and filled from reader (loader.weight_reader).
+
+    A rank's runner then: allocates its KV cache for its own heads, per layer (k, v) of
+    (num_blocks, block_size, model.layout.num_kv_heads, head_dim), with one num_blocks on every
+    rank (ctx.all_min of what each has room for: an uneven head split differs in bytes per
+    block); runs forward() on the same inputs as every other rank, in the same order (the
+    collectives pair up by order); and gets the whole (N, V) logits from compute_logits()."""
     with torch.device("meta"):  # no time spent on an init the weights overwrite
         model = LlamaForCausalLM(cfg, ctx)
     model.to(dtype)  # on meta, free: the parameters are allocated in dtype, never in fp32 first
