@@ -10,9 +10,11 @@ from tp_ranks import run_ranks
 
 from guided.worker.distributed import ParallelContext
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig, synthetic_config
-from guided.worker.models.llama import LlamaForCausalLM
+from guided.worker.models import ops
+from guided.worker.models.llama import LlamaForCausalLM, build_model, weight_pieces
 from guided.worker.models.parallel import (RowParallelLinear, VocabParallelEmbedding,
                                            gather_logits, shard_layout, split_range)
+from guided.worker.models.weights import StateDictReader
 
 HIDDEN, IN_FEATURES, TOKENS = 48, 70, 7
 VOCAB = 101  # odd: the last rank's vocab slice is short and padded
@@ -104,3 +106,43 @@ def test_sharded_layers_equal_the_unsharded_ones():
             assert out[name].shape == out[f"expected_{name}"].shape
             torch.testing.assert_close(out[name], out[f"expected_{name}"], rtol=1e-5, atol=1e-5)
         assert out["logits"].is_contiguous()
+
+
+def random_state(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A whole random checkpoint under HF names."""
+    gen = torch.Generator().manual_seed(0)
+    pieces = weight_pieces(cfg, shard_layout(cfg, 0, 1)).values()
+    return {p.name: 0.1 * torch.randn(p.shape, generator=gen) for parts in pieces for p in parts}
+
+
+def _sharded_projections(ctx: ParallelContext) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(this rank's output, the whole model's output at this rank's rows) per projection."""
+    cfg = small_config(attention_bias=True, intermediate_size=97)  # splits 49 + 48
+    state = random_state(cfg)
+    cpu = torch.device("cpu")
+    whole = build_model(cfg, StateDictReader(state), device=cpu, dtype=torch.float32)
+    shard = build_model(cfg, StateDictReader(state), device=cpu, dtype=torch.float32, ctx=ctx)
+    lay, d = shard.layout, cfg.head_dim
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    attn_in = torch.randn(TOKENS, cfg.num_heads * d, generator=torch.Generator().manual_seed(2))
+    q_cols = slice(lay.q_heads.start * d, lay.q_heads.stop * d)
+    kv = slice(lay.kv_heads.start * d, lay.kv_heads.stop * d)
+    inter = slice(lay.intermediate.start, lay.intermediate.stop)
+    w_attn, s_attn = whole.layers[0].self_attn, shard.layers[0].self_attn
+    w_mlp, s_mlp = whole.layers[0].mlp, shard.layers[0].mlp
+    with torch.no_grad():
+        q, k, v = w_attn.qkv_proj(x).split([w_attn.q_size, w_attn.kv_size, w_attn.kv_size], -1)
+        gate, up = w_mlp.gate_up_proj(x).chunk(2, dim=-1)
+        return {"qkv": (s_attn.qkv_proj(x), torch.cat([q[:, q_cols], k[:, kv], v[:, kv]], -1)),
+                "gate_up": (s_mlp.gate_up_proj(x), torch.cat([gate[:, inter], up[:, inter]], -1)),
+                "o": (s_attn.o_proj(attn_in[:, q_cols]), w_attn.o_proj(attn_in)),
+                "mlp": (s_mlp(x, ops.EAGER), w_mlp(x, ops.EAGER))}
+
+
+def test_sharded_projections_equal_the_unsharded_ones():
+    """Column-parallel qkv (with biases) and gate_up give this rank's rows of the whole output;
+    row-parallel o and the whole MLP (an uneven split) give the whole output."""
+    for out in run_ranks(_sharded_projections, 2):
+        for name, (got, want) in out.items():
+            assert got.shape == want.shape, name
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
