@@ -148,8 +148,8 @@ class DeliveryCounter:
 def serve_child(port: int) -> None:
     import uvicorn
 
-    from guided.serving.async_engine import AsyncEngine
     from guided.server.app import create_app
+    from guided.serving.async_engine import AsyncEngine
 
     fake = paced_engine()
     app = create_app(AsyncEngine(fake), drain_timeout=0)
@@ -344,8 +344,8 @@ class ReplayEngine:
 def step_row(outputs: int, context: int, steps: int = 20, rounds: int = 25) -> dict:
     """Time AsyncEngine._step on this thread; between steps (not timed) the event loop runs the
     deliveries and a consumer per stream takes them, as a server's loop would."""
-    from guided.serving.async_engine import AsyncEngine, RequestStream
     from guided.outputs import RequestMetrics, RequestOutput
+    from guided.serving.async_engine import AsyncEngine, RequestStream
 
     ids = [f"req-{i}" for i in range(outputs)]
     metrics = {rid: RequestMetrics(arrival_time=time.time()) for rid in ids}

@@ -40,14 +40,14 @@ def main() -> None:
 
     from conftest import load_test_tokenizer
 
-    from guided.config import EngineConfig
     from guided.errors import ConstraintError
-    from guided.masks.bitmask_fill import fill_bitmasks
     from guided.fsm.compiler import GrammarCompiler
+    from guided.fsm.settings import CompileSettings
+    from guided.masks.bitmask_fill import fill_bitmasks
     from guided.params import ConstraintSpec
 
     tokenizer = load_test_tokenizer()
-    config = EngineConfig(compile_threads=1, compile_timeout_s=30)
+    config = CompileSettings(compile_threads=1, compile_timeout_s=30)
     compiler = GrammarCompiler(tokenizer, vocab_size=len(tokenizer), config=config)
     eos = compiler.vocab.eos_token_ids[0]
     files = sorted(str(p) for p in (DATA / "jsonschemabench").glob("*.jsonl"))

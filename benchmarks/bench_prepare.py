@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import random
-
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ except ImportError:  # run from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import per_call_us
+
 from guided.engine.core import Engine
 from guided.params import SamplingParams
 from guided.scheduler.request import Request, RequestStatus

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import workload_schemas
 
-from guided.config import EngineConfig
 from guided.fsm.compiler import GrammarCompiler
+from guided.fsm.settings import CompileSettings
 from guided.params import ConstraintSpec
 from guided.worker import loader
 
@@ -43,7 +43,7 @@ def main() -> None:
     schemas = workload_schemas(args.workload, args.num_requests)
     tokenizer = loader.load_tokenizer("default")
     ours = GrammarCompiler(tokenizer, vocab_size=len(tokenizer),
-                           config=EngineConfig(grammar_cache_size=1))
+                           config=CompileSettings(grammar_cache_size=1))
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
     theirs = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     results = {"guided": [], "xgrammar": []}

@@ -27,8 +27,8 @@ import sys
 from dataclasses import dataclass, field
 
 from common import (
-    add_run_args,
     SchemaCase,
+    add_run_args,
     load_jsonschemabench,
     markdown_table,
     pct,

@@ -84,13 +84,13 @@ class Engines:
         import llguidance.hf
         import xgrammar as xgr
 
-        from guided.config import EngineConfig
         from guided.fsm.compiler import GrammarCompiler
+        from guided.fsm.settings import CompileSettings
         from guided.worker.loader import load_tokenizer
 
         tokenizer = load_tokenizer("default")
         self.timeout_s = timeout_s
-        config = EngineConfig(compile_timeout_s=timeout_s, compile_threads=1,
+        config = CompileSettings(compile_timeout_s=timeout_s, compile_threads=1,
                               grammar_cache_size=4, dfa_masks=False)
         self.guided = GrammarCompiler(tokenizer, vocab_size=len(tokenizer), config=config)
         self.eos = self.guided.vocab.eos_token_ids[0]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import statistics
 import sys
@@ -26,8 +25,7 @@ from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine.core import Engine
 from guided.engine.heap import GcTimer
-from guided.engine.step_times import StepTimes
-
+from guided.worker.step_times import StepTimes
 
 GC = GcTimer()
 

@@ -120,8 +120,8 @@ class Checker:
 
     def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
                  tokenizer=None, dfa: bool = False, walks: int = 0):
-        from guided.config import EngineConfig
         from guided.fsm.compiler import GrammarCompiler
+        from guided.fsm.settings import CompileSettings
 
         if tokenizer is None:
             sys.path.insert(0, str(ROOT / "tests"))
@@ -129,7 +129,7 @@ class Checker:
 
             tokenizer = load_test_tokenizer()
         self.tokenizer = tokenizer
-        config = EngineConfig(any_whitespace=any_whitespace, max_whitespace=max_whitespace,
+        config = CompileSettings(any_whitespace=any_whitespace, max_whitespace=max_whitespace,
                               compile_timeout_s=timeout_s, compile_threads=1,
                               grammar_cache_size=4, dfa_masks=dfa)
         self.compiler = GrammarCompiler(self.tokenizer, vocab_size=len(self.tokenizer),

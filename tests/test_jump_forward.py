@@ -2,7 +2,6 @@
 off, fewer forward passes; retokenization at the boundary; UTF-8; preemption; stop strings."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -10,15 +9,17 @@ from pathlib import Path
 import pytest
 
 from guided import LLM, SamplingParams
+from guided.engine import drafts as drafts_module
 from guided.engine.drafts import DraftProposer
+from guided.engine.ngram import NgramIndex
 from guided.fsm.jump_forward import (
     complete_utf8_prefix,
     propose_anchored_drafts,
     propose_draft_tokens,
     retokenize,
 )
-from guided.engine.ngram import NgramIndex
 from guided.params import ConstraintSpec
+from guided.scheduler import policy
 from guided.scheduler.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,25 +111,25 @@ def test_lookup_drafts_continue_past_the_forced_text_within_the_grammar(llm_on):
     assert matcher.accept_token(tok.encode("cd", add_special_tokens=False)[0])  # state unchanged
 
 
-def test_lookup_drafts_stop_past_lookup_max_batch(llm_on):
-    """Above lookup_max_batch running requests only forced text is drafted (here: none)."""
+def test_lookup_drafts_stop_past_lookup_max_batch(llm_on, monkeypatch):
+    """Above LOOKUP_MAX_BATCH running requests only forced text is drafted (here: none)."""
+    monkeypatch.setattr(drafts_module, "LOOKUP_MAX_BATCH", 2)
     engine = llm_on.engine
     tok, token_bytes = llm_on.tokenizer, engine.compiler.vocab.token_bytes
     compiled = engine.compiler.compile(ConstraintSpec(kind="regex", value=r'(ab|cd)+!'))
-    config = dataclasses.replace(engine.config, lookup_max_batch=2)
-    proposer = DraftProposer(config, engine._encoder, token_bytes, max_model_len=2048,
+    proposer = DraftProposer(engine._encoder, token_bytes, max_model_len=2048,
                              max_draft_tokens=None, special_ids=frozenset(), overlap=False)
     drafts = {}
     for num_running in (2, 3):
         out = tok.encode("abababab", add_special_tokens=False)
         request = Request(request_id=f"r{num_running}", prompt_token_ids=[1, 2], params=greedy(
             {"type": "string"}), seed=0, eos_token_ids=(), max_tokens=64)
-        request.matcher = request.draft_matcher = compiled.matcher()
+        request.matcher = compiled.matcher()
         for t in out:
             assert request.matcher.accept_token(t)
         request.output_token_ids = out
         ask = proposer.plan(request, num_running=num_running)
-        proposer.propose_here(request, ask)
+        proposer.walk(request, ask)
         drafts[num_running] = request.draft_token_ids
     assert tok.decode(drafts[2]).startswith("ab")
     assert drafts[3] == []
@@ -219,7 +220,7 @@ def test_stop_string_inside_a_forced_string(llm_on, llm_off):
     assert llm_on.engine.stats().kv_blocks_in_use == 0
 
 
-def test_preemption_during_jump_forward(llm_on):
+def test_preemption_during_jump_forward(llm_on, monkeypatch):
     """A KV budget too small for the batch: requests are preempted (their drafts with them) and
     recomputed; the outputs equal those of a roomy engine and every block is returned."""
     schemas = [
@@ -242,7 +243,8 @@ def test_preemption_during_jump_forward(llm_on):
     prompts = [chat(llm_on, f"Fill in this JSON object (example {i}).") for i in range(4)]
     params = [greedy(s, max_tokens) for s in schemas]
     need = [math.ceil((len(p) + max_tokens + 32) / 16) for p in prompts]
-    tiny = LLM(jump_forward=True, num_kv_blocks=max(need) + 2, admission_lookahead_tokens=0,
+    monkeypatch.setattr(policy, "ADMISSION_LOOKAHEAD_TOKENS", 0)  # admit greedily: preempt
+    tiny = LLM(jump_forward=True, num_kv_blocks=max(need) + 2,
                enable_prefix_caching=False, max_num_seqs=4)
     try:
         for schema in schemas:  # compiled first: all four requests then run at once
@@ -258,30 +260,6 @@ def test_preemption_during_jump_forward(llm_on):
     for a, b in zip(got, want):
         assert a.finish_reason == b.finish_reason
         assert a.token_ids == b.token_ids, (a.text, b.text)
-
-
-def test_draft_cap_per_step_keeps_outputs(llm_on, llm_off):
-    """max_draft_tokens_per_step bounds the drafts verified per step (0: none at all)."""
-    schema = {"type": "object", "properties": {
-        "first_name": {"type": "string", "maxLength": 10},
-        "favourite_colour": {"enum": ["red", "green", "blue"]}},
-        "required": ["first_name", "favourite_colour"], "additionalProperties": False}
-    prompts = [chat(llm_on, f"Describe person number {i} as JSON.") for i in range(3)]
-    off = llm_off.generate(prompts, greedy(schema))
-    on = llm_on.generate(prompts, greedy(schema))
-    for cap in (0, 2):
-        capped = LLM(jump_forward=True, num_kv_blocks=256, max_num_seqs=16,
-                     max_draft_tokens_per_step=cap)
-        try:
-            got = capped.generate(prompts, greedy(schema))
-        finally:
-            capped.engine.shutdown()
-        assert [o.token_ids for o in got] == [o.token_ids for o in off]
-        jumped = sum(o.metrics.jump_forward_tokens for o in got)
-        if cap == 0:
-            assert jumped == 0
-        else:
-            assert 0 < jumped < sum(o.metrics.jump_forward_tokens for o in on)
 
 
 def test_cached_encoder_equals_the_tokenizer(llm_on):

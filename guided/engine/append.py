@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guided.engine.detokenizer import Decode, detokenize_rest, detokenize_step, find_stop
-from guided.masks.lazy import note_json_token
 from guided.outputs import TokenLogprob
 from guided.scheduler.request import Request
 
@@ -20,21 +19,18 @@ class Finish:
 
 
 def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
-                  accepted: bool, decode: Decode, token_bytes: list[bytes],
-                  max_model_len: int, decode_at_finish: bool = True
+                  decode: Decode, max_model_len: int, decode_at_finish: bool = True
                   ) -> tuple[int, Finish | None]:
     """Appends tokens (in order, up to where the request finishes) to the request; returns
-    how many were appended and the finish, if any. accepted: the request's matchers hold the
-    tokens already (a lazy row's, checked by the caller); else each is fed to them first, and
-    one they reject ends the request with an internal error, unappended. decode_at_finish
+    how many were appended and the finish, if any. Each token is fed to the request's matcher
+    first; one it rejects ends the request with an internal error, unappended. decode_at_finish
     off: a request that wants only its final output is left to the caller to decode
     (detokenize_final), at a time of its choosing."""
     if request.params.stop_list and len(tokens) > 1:
         total = 0
         for j, token in enumerate(tokens):
             n, finish = append_tokens(request, [token], None if logprobs is None
-                                      else logprobs[j:j + 1], accepted=accepted,
-                                      decode=decode, token_bytes=token_bytes,
+                                      else logprobs[j:j + 1], decode=decode,
                                       max_model_len=max_model_len,
                                       decode_at_finish=decode_at_finish)
             total += n
@@ -49,7 +45,7 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     finish = None
     on_stop_token = False
     for token in tokens:
-        if matcher is not None and not accepted and not request.accept_committed(token):
+        if matcher is not None and not matcher.accept_token(token):
             finish = Finish("error", error=f"the grammar rejected sampled token {token}")
             break
         n += 1
@@ -70,8 +66,6 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
         return 0, finish
     new = tokens[:n]
     output = request.output_token_ids
-    if request.json_string is not None:
-        note_json_token(request, b"".join([token_bytes[t] for t in new]))
     if request.logprobs is not None and logprobs is not None:
         request.logprobs.extend(TokenLogprob(t, lp[0], lp[1])
                                 for t, lp in zip(new, logprobs) if lp is not None)

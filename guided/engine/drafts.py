@@ -6,20 +6,29 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from guided.config import EngineConfig
-from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
 from guided.engine.ngram import NgramIndex
+from guided.fsm.jump_forward import CachedEncoder, DraftAsk, make_drafts
 from guided.scheduler import policy
 from guided.scheduler.request import Request
 from guided.scheduler.scheduler import ScheduledRequest
-from guided.engine.step_times import StepTimes
-
-if TYPE_CHECKING:
-    from guided.fsm.shard_drafts import PendingDrafts, ShardDrafts
+from guided.worker.step_times import StepTimes
 
 log = logging.getLogger(__name__)
+
+MAX_JUMP_FORWARD_TOKENS = 32  # drafts per request and step (forced text, then lookup)
+# up to this many prompt-lookup draft tokens past the forced text (the last 2-4 tokens matched
+# earlier in the request's tokens), verified like the forced ones
+LOOKUP_DRAFT_TOKENS = 4
+# lookup guesses only while at most this many requests run, as vLLM turns speculation off by
+# batch size: past the GPU's memory-bound knee a guess costs verify compute, a mask row and its
+# proposal (H200, default model at 256: constrained throughput +9% without them; RESULTS,
+# session 10)
+LOOKUP_MAX_BATCH = 128
+# overlapped scheduling: drafts anchored on a request's in-flight sample only while such
+# proposals gain at least this many tokens each on average (a random-weights model gains ~0 and
+# its drafts cost more than they save; RESULTS, session 11)
+MIN_ANCHOR_GAIN = 0.5
 
 
 @dataclass(slots=True)
@@ -37,7 +46,7 @@ class AnchorPayoff:
     tokens a large model pays for in every layer (one in eight proposals probed at 256
     requests made 103-141 of ~270 steps verify steps on a random 8B, benchmarks/RESULTS.md,
     session 17)."""
-    min_gain: float = 0.5
+    min_gain: float = MIN_ANCHOR_GAIN
     mean_gain: float = 1.0  # drafts are tried first
     weight: float = 1 / 64
     probe_every: int = 8
@@ -61,50 +70,28 @@ class AnchorPayoff:
 
 
 class DraftProposer:
-    def __init__(self, config: EngineConfig, encoder: CachedEncoder, token_bytes: list[bytes],
-                 *, max_model_len: int, max_draft_tokens: int | None,
-                 special_ids: frozenset[int], overlap: bool,
-                 payoff: AnchorPayoff | None = None, shards: ShardDrafts | None = None):
-        self.config = config
-        self.payoff = payoff or AnchorPayoff(min_gain=config.min_anchor_gain)
+    def __init__(self, encoder: CachedEncoder, token_bytes: list[bytes], *, max_model_len: int,
+                 max_draft_tokens: int | None, special_ids: frozenset[int], overlap: bool,
+                 payoff: AnchorPayoff | None = None):
+        self.payoff = payoff or AnchorPayoff()
         self.encoder = encoder
         self.token_bytes = token_bytes
         self.max_model_len = max_model_len
-        self.max_draft_tokens = max_draft_tokens or config.max_jump_forward_tokens
+        self.max_draft_tokens = min(max_draft_tokens or MAX_JUMP_FORWARD_TOKENS,
+                                    MAX_JUMP_FORWARD_TOKENS)
         self.special_ids = special_ids
         self.overlap = overlap  # the next step assumes the drafts in flight accepted
-        self.shards = shards  # mask shards, which walk the drafts of requests they mirror
-        self._asks: list[tuple[Request, DraftAsk]] = []  # planned, to walk here
-        self._asked: PendingDrafts | None = None  # planned, walked in mask shards
 
-    def ask(self, requests: list[Request], *, num_running: int, times: StepTimes) -> None:
-        """Plans the requests' next drafts; those a mask shard mirrors are sent there, to be
-        walked beside the loop until finish()."""
+    def propose(self, requests: list[Request], *, num_running: int, times: StepTimes) -> None:
+        """Sets the requests' next drafts (draft_token_ids, draft_anchor, num_forced_drafts)."""
         with times.phase("jump_forward"):
             self.payoff.start_step()
-            asks = [(r, ask) for r in requests if not r.is_finished
-                    and (ask := self.plan(r, num_running=num_running)) is not None]
-            self._asks, self._asked = asks, None
-            if self.shards is not None and asks:
-                self._asks, self._asked = self.shards.ask_drafts(asks)
-
-    def finish(self, times: StepTimes) -> None:
-        """The asked drafts set on their requests: walked here, or taken from the shards."""
-        asks, asked, self._asks, self._asked = self._asks, self._asked, [], None
-        with times.phase("jump_forward"):
-            for request, ask in asks:
-                self.propose_here(request, ask)
-        if asks:
-            times.count("drafts_local", len(asks))
-        if asked is None:
-            return
-        with times.phase("drafts_wait"):
-            done, failed = asked.wait()
-        times.count("drafts_shards", len(done))
-        for request, result in done:
-            set_drafts(request, result)
-        for request, ask in failed:  # its shard failed: the loop's matchers walk them
-            self.propose_here(request, ask)
+            for request in requests:
+                if request.is_finished:
+                    continue
+                ask = self.plan(request, num_running=num_running)
+                if ask is not None:
+                    self.walk(request, ask)
 
     def plan(self, request: Request, *, num_running: int = 1) -> DraftAsk | None:
         """The policy's half of a proposal for the request's next step (after the step in
@@ -114,16 +101,15 @@ class DraftProposer:
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
-        room = min(room, self.config.max_jump_forward_tokens, self.max_draft_tokens)
+        room = min(room, self.max_draft_tokens)
         request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
         if room <= 0:
             return None
         if inflight is not None and not (self.overlap and request.anchored_skip) \
                 and not self.payoff.allows(num_running):
             return None  # anchored drafts do not pay now
-        lookup_tokens = (self.config.lookup_draft_tokens if policy.drafts_lookup(
-            num_running, max_batch=self.config.lookup_max_batch) and self._lookup_ready(request)
-            else 0)
+        lookup_tokens = (LOOKUP_DRAFT_TOKENS if policy.drafts_lookup(
+            num_running, max_batch=LOOKUP_MAX_BATCH) and self._lookup_ready(request) else 0)
         if self.overlap and request.anchored_skip:
             request.anchored_skip -= 1
             return None
@@ -131,9 +117,8 @@ class DraftProposer:
                    else tuple(inflight.draft_token_ids[:inflight.num_live_drafts]))
         return DraftAsk(room, lookup_tokens, assumed)
 
-    def propose_here(self, request: Request, ask: DraftAsk) -> None:
-        """The walk's half, on the request's draft matcher in this process (the mask thread
-        may be walking the request's other matcher meanwhile)."""
+    def walk(self, request: Request, ask: DraftAsk) -> None:
+        """The walk's half, on the request's matcher (left where it was)."""
         try:
             lookup = None
             if ask.lookup_tokens:
@@ -141,7 +126,7 @@ class DraftProposer:
                     request.ngram = NgramIndex(self.special_ids)
                 request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
                 lookup = request.ngram
-            result = make_drafts(self.encoder, self.token_bytes, request.draft_matcher,
+            result = make_drafts(self.encoder, self.token_bytes, request.matcher,
                                  request.output_token_ids, ask, lookup)
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
@@ -153,11 +138,11 @@ class DraftProposer:
         if request.lookup_skip:
             request.lookup_skip -= 1
             return False
-        return bool(self.config.lookup_draft_tokens)
+        return True
 
 
 def set_drafts(request: Request, result: tuple[int | None, list[int], int]) -> None:
-    """A proposal's (anchor, drafts, how many are forced text), made here or in a mask shard."""
+    """A proposal's (anchor, drafts, how many are forced text)."""
     request.draft_anchor, request.draft_token_ids, request.num_forced_drafts = result
 
 

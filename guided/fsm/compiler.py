@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -31,14 +30,13 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 
-from guided.config import EngineConfig
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
+from guided.fsm.settings import CompileSettings
 from guided.fsm.vocab import TokenVocab
 from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
-from guided.scheduler.policy import resolve_compile_config
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
 # background DFA builds waiting for their thread (~0.1 s each, seconds for the largest): past
@@ -81,15 +79,14 @@ class _Compile:
 class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
 
-    def __init__(self, tokenizer, *, vocab_size: int, config: EngineConfig,
+    def __init__(self, tokenizer, *, vocab_size: int, config: CompileSettings | None = None,
                  regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
-        """config's open compile settings (None) are resolved as a CPU host's here; the engine
-        resolves them for its own host first (policy.resolve_compile_config)."""
+        """config: CompileSettings.for_host in the engine; a CPU host's defaults otherwise."""
         if regex_backend not in REGEX_BACKENDS:
             raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
-        config = resolve_compile_config(config, on_gpu=False, num_cpus=os.cpu_count() or 1)
+        config = config or CompileSettings()
         self.config = config
         self.regex_backend = regex_backend
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
@@ -110,11 +107,6 @@ class GrammarCompiler:
             num_workers=config.dfa_upgrade_threads, timeout_s=config.compile_timeout_s,
             nice=min(19, config.compile_nice + 5), idle=idle,
             name="grammar-dfa-upgrade") if config.dfa_masks else None
-        # multi-step calls step DFA grammars on the device (guided/worker/device_dfa.py): their
-        # tables are made by worker processes (fsm/table_worker.py), started on first use
-        self._wants_tables = config.dfa_masks and config.device_dfa and (
-            config.num_scheduler_steps > 1)
-        self._table_workers = None
         self._schema_workers = None
         if config.schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
@@ -209,8 +201,6 @@ class GrammarCompiler:
         self._pool.shutdown()
         if self._upgrades is not None:
             self._upgrades.shutdown()
-        if self._table_workers is not None:
-            self._table_workers.shutdown()
         if self._schema_workers is not None:
             self._schema_workers.shutdown()
 
@@ -233,7 +223,7 @@ class GrammarCompiler:
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
         from guided.fsm.backends.outlines_backend import OutlinesMatcher
-        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, has_long_repetition
+        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
@@ -272,27 +262,20 @@ class GrammarCompiler:
         seconds = time.perf_counter() - start
         is_json = spec.kind in ("json_schema", "json_object")
         ban = xg.json_ban() if is_json else None
-        string_ban = xg.json_string_ban() if is_json else None
-        heavy = has_long_repetition(compiled)
         return CompiledGrammar(spec, seconds, "xgrammar",
-                               lambda: XGrammarMatcher(compiled, vocab, ban=ban,
-                                                       string_ban=string_ban, heavy=heavy,
-                                                       recipe=recipe),
+                               lambda: XGrammarMatcher(compiled, vocab, ban=ban),
                                upgrade=upgrade)
 
     def _dfa_grammar(self, spec: ConstraintSpec, regex: str,
                      start: float | None = None) -> CompiledGrammar | None:
         """The schema's grammar served by the token-level DFA of its regex (None where
-        outlines-core cannot build it); its device tables are made after, by the workers."""
+        outlines-core cannot build it)."""
         from guided.fsm.backends.dfa_backend import DfaMatcher
 
         start = time.perf_counter() if start is None else start
         dfa = self._dfa(regex)
         if dfa is None:
             return None
-        if self._table_workers is not None:  # after the compile: nobody waits for it
-            dfa.tables_ready = self._table_workers.build_later(
-                dfa, self.config.device_dfa_max_index_bytes)
         vocab = self.vocab
         return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
                                lambda: DfaMatcher(dfa, vocab))
@@ -305,15 +288,6 @@ class GrammarCompiler:
             with self._outlines_lock:
                 if self._dfa_vocab is None:
                     self._dfa_vocab = DfaVocab(self.vocab)
-                if self._wants_tables and self._table_workers is None:
-                    from guided.fsm.table_worker import TableWorkers
-
-                    v = self._dfa_vocab
-                    # a quarter of the cores (the step loop, mask threads and compiles
-                    # have the rest), up to 4
-                    self._table_workers = TableWorkers(
-                        min(4, max(1, (os.cpu_count() or 1) // 4)), eos=v.eos_id,
-                        token_map=v.token_map, num_words=v.num_words)
             return TokenDfa(regex, self._dfa_vocab)
         except (KeyboardInterrupt, SystemExit):
             raise

@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from guided.fsm.matcher import Matcher
 from guided.engine.ngram import NgramIndex
+from guided.fsm.matcher import Matcher
 
 MAX_BOUNDARY_TOKENS = 4
 # bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's

@@ -15,16 +15,9 @@ class Matcher(ABC):
     the tokenizer's table (padded logits) and special tokens are never allowed.
     """
 
-    # rows that may cost milliseconds each (a long counted repetition): filled on side
-    # threads beside the step loop, never inline (guided/masks/side_fill.py)
-    heavy = False
-    # rows that cost a copy (a token-level DFA's memoized rows): never sampled lazily
-    cheap_rows = False
     # tokens never allowed whatever the grammar says, ANDed into every row (a JSON grammar's
-    # TokenBan), and those ruled out at a character boundary inside a JSON string, which a
-    # lazy row there carries (guided/masks/string_ban.py); None where there are none
+    # TokenBan); None where there are none
     ban = None
-    string_ban = None
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:

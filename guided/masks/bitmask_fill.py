@@ -10,7 +10,6 @@ threads for large batches (see benchmarks/bench_grammar.py).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,12 +18,10 @@ import numpy as np
 import torch
 
 from guided.fsm.matcher import Matcher
-from guided.engine.step_times import StepTimes
+from guided.fsm.settings import NUM_CPUS
+from guided.worker.step_times import StepTimes
 
 PARALLEL_THRESHOLD = 64
-# the CPUs this process may run on (a container's share, not the host's), read once
-NUM_CPUS = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0

@@ -4,16 +4,12 @@ from __future__ import annotations
 import enum
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from guided.engine.detokenizer import held_back
-from guided.engine.ngram import NgramIndex
-from guided.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
+from guided.outputs import FinishReason, RequestMetrics, TokenLogprob
 from guided.params import SamplingParams
 
 if TYPE_CHECKING:
-    from guided.fsm.matcher import Matcher
-    from guided.masks.side_fill import SideFill
     from guided.scheduler.scheduler import ScheduledRequest
 
 
@@ -48,26 +44,17 @@ class Request:
     draft_anchor: int | None = None
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
-    ngram: NgramIndex | None = None  # the request's tokens indexed for prompt-lookup drafts
+    ngram: Any = None  # the request's tokens indexed for prompt-lookup drafts (engine/ngram.py)
     num_forced_drafts: int = 0  # leading drafts that are forced text (the rest: lookup)
     lookup_misses: int = 0  # lookup drafts rejected in a row
     lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
     # overlapped scheduling: a first draft rejected voids the step after it (see Scheduler)
     anchored_misses: int = 0  # such rejections in a row
     anchored_skip: int = 0  # proposals left without drafts (cool-down)
-    grammar_future: Future | None = None
-    matcher: Matcher | None = None  # the committed tokens; masks are filled from it
-    # the matcher the draft proposer walks: `matcher` itself, or a second one fed the same
-    # tokens where the mask thread walks `matcher` meanwhile (concurrent_masks); None: no drafts
-    draft_matcher: Matcher | None = None
-    # lazy masks: its last filled mask row allowed most tokens, so its next rows are sampled
-    # unmasked and checked (policy.samples_unmasked); cleared when a sample is outside
-    mask_wide: bool = False
-    # heavy rows: a side thread's fill a step gave up waiting for (fsm/side_fill.py), kept for
-    # the position's next run; its matcher is the thread's until the fill is done
-    side_fill: SideFill | None = None
-    json_string: int | None = None  # JSON requests: where its text stands (fsm/lazy_masks.py)
-    json_utf8: int = 0  # JSON requests: UTF-8 continuation bytes its text still owes
+    grammar_future: Future | None = None  # the compile of its constraint
+    # the grammar's matcher (fsm/matcher.py), at the committed tokens: masks are filled and
+    # drafts walked from it; the scheduler never looks inside
+    matcher: Any = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None
@@ -99,31 +86,6 @@ class Request:
         if index < len(self.output_token_ids):
             return self.output_token_ids[index]
         return self.draft_token_ids[index - len(self.output_token_ids)]
-
-    def accept_committed(self, token: int) -> bool:
-        """Feed a committed token to `matcher`, and to the draft matcher where that is a
-        second one; False if the grammar rejects it. Constrained requests only."""
-        if not self.matcher.accept_token(token):
-            return False
-        draft = self.draft_matcher
-        if draft is None or draft is self.matcher or draft.accept_token(token):
-            return True
-        self.matcher.rollback(1)  # neither holds it: a lazy row's miss leaves them in step
-        return False
-
-    def output(self) -> RequestOutput:
-        """What the request has made so far (text that may start a stop string held back)."""
-        text = self.text
-        if not self.is_finished and self.params.stop_list:
-            hold = held_back(text, self.params.stop_list)
-            text = text[:len(text) - hold] if hold else text
-        return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
-            token_ids=list(self.output_token_ids), text=text, finished=self.is_finished,
-            finish_reason=self.finish_reason, stop_reason=self.stop_reason, error=self.error,
-            error_type=self.error_type,
-            logprobs=None if self.logprobs is None else list(self.logprobs),
-            metrics=self.metrics)
 
     @property
     def in_flight(self) -> bool:

@@ -1,4 +1,4 @@
-"""schedule() -> SchedulerOutput; update(SchedulerOutput, sampled tokens) -> finished requests.
+"""schedule() -> StepPlan: whom to run this step, how many tokens each, their blocks.
 
 One view covers prefill, chunked prefill, prefix hits, decode and jump-forward drafts: each
 request catches up from num_computed_tokens to its known tokens (plus drafts), within the step's
@@ -30,12 +30,6 @@ class ScheduledRequest:
     anchor: int | None = None  # the drafts assume that sample is this token
     drafts_void: bool = False  # it was not: only the first sampled row stands
     voided: bool = False  # the previous step rejected a draft this entry assumed: all dropped
-    # lazy masks: its rows were sampled unmasked (decided as its rows were filled), and the
-    # update checks them against the grammar
-    lazy_mask: bool = False
-    # its heavy rows were not filled when the device needed them (step_masks.MaskFill.wait):
-    # it was sampled unconstrained, and the update drops the sample (the position runs again)
-    late_mask: bool = False
 
     @property
     def masked(self) -> bool:
@@ -48,7 +42,9 @@ class ScheduledRequest:
 
 
 @dataclass(slots=True)
-class SchedulerOutput:
+class StepPlan:
+    """A step as the scheduler decided it, over live requests (the engine's side; the worker
+    gets its plain-data form, scheduler/output.py)."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
@@ -67,7 +63,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self._draft_budget = 0  # drafts still allowed in the step being scheduled
 
     # -- queues -------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -97,30 +92,23 @@ class Scheduler:
         request.num_cached_blocks = 0
 
     # -- schedule -----------------------------------------------------------------------------
-    def promote_compiled(self, make_matcher) -> list[Request]:
-        """Move requests whose grammar is ready to WAITING; returns those whose compile failed
-        (make_matcher(request) raises for them)."""
-        failed, still = [], []
+    def take_compiled(self) -> list[Request]:
+        """The compiling requests whose compile has ended (ready or failed), taken out of the
+        compiling queue: the engine gives each its matcher and admits it (admit_compiled) or
+        fails it."""
+        done, still = [], []
         for request in self.compiling:
-            if not request.grammar_future.done():
-                still.append(request)
-                continue
-            try:
-                make_matcher(request)
-            except Exception as e:  # noqa: BLE001 - a bad constraint finishes only its request
-                request.error = str(e)
-                failed.append(request)
-                continue
-            request.status = RequestStatus.WAITING
-            self.waiting.append(request)
+            (done if request.grammar_future.done() else still).append(request)
         self.compiling = still
-        return failed
+        return done
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def admit_compiled(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def schedule(self) -> StepPlan:
+        out = StepPlan()
         budget = self.config.max_num_batched_tokens
-        cap = self.config.max_draft_tokens_per_step
-        self._draft_budget = budget if cap is None else cap
 
         # 1. running requests, oldest first; preempt the newest when blocks run out
         for request in list(self.running):
@@ -160,7 +148,7 @@ class Scheduler:
         num_tokens = request.num_tokens
         # the last token is always recomputed: its logits are needed
         hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1)
-        horizon = self.config.admission_lookahead_tokens
+        horizon = policy.ADMISSION_LOOKAHEAD_TOKENS
         ok = policy.can_admit(
             prompt_blocks_needed=self.blocks.blocks_needed(num_tokens) - len(hits),
             num_free_blocks=self.blocks.num_free_blocks - self._num_free_hits(hits),
@@ -203,7 +191,7 @@ class Scheduler:
             request.draft_token_ids, request.draft_anchor = [], None
         return joins
 
-    def _fit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
+    def _fit(self, request: Request, budget: int, out: StepPlan) -> ScheduledRequest | None:
         """Decide this step's tokens for a running request and secure their blocks, preempting
         the newest running requests if needed. None: the request itself was preempted."""
         computed = request.num_computed_tokens + request.num_inflight_tokens
@@ -215,9 +203,7 @@ class Scheduler:
             # drafts fit only the state they were proposed from: after the in-flight sample
             # (anchored) when one is in flight, after the committed tokens otherwise
             request.draft_token_ids, request.draft_anchor = [], None
-        num_draft = (min(len(request.draft_token_ids), budget - num_new, self._draft_budget)
-                     if sample else 0)
-        self._draft_budget -= num_draft
+        num_draft = min(len(request.draft_token_ids), budget - num_new) if sample else 0
         if num_draft < len(request.draft_token_ids):
             request.draft_token_ids = request.draft_token_ids[:num_draft]
         needed = self.blocks.blocks_needed(computed + num_new + num_draft)
@@ -234,7 +220,7 @@ class Scheduler:
                                 placeholder=placeholder,
                                 anchor=request.draft_anchor if num_draft else None)
 
-    def _preempt_newest(self, out: SchedulerOutput) -> Request:
+    def _preempt_newest(self, out: StepPlan) -> Request:
         order = [self.arrival_index[r.request_id] for r in self.running]
         victim = self.running.pop(policy.pick_preemption_victim(order))
         self.free_blocks(victim)
@@ -250,42 +236,11 @@ class Scheduler:
         out.preempted.append(victim)
         return victim
 
-    def plan_decode_steps(self, sched: SchedulerOutput) -> int:
-        """Decode steps to run back to back (multi-step decode), their blocks secured; 1 unless
-        the whole batch is plain decoding and the blocks for every step are free."""
-        if self.config.num_scheduler_steps <= 1:
-            return 1
-        num_steps = policy.num_decode_steps(
-            self.config.num_scheduler_steps,
-            all_plain_decode=all(_is_plain_decode(item, self.config.multi_step_constrained)
-                                 for item in sched.scheduled),
-            tokens_left=[min(item.request.max_tokens - len(item.request.output_token_ids),
-                             self.max_model_len - item.request.num_tokens)
-                         for item in sched.scheduled])
-        if num_steps > 1 and not self._reserve_lookahead(sched, num_steps):
-            return 1
-        return num_steps
-
-    def _reserve_lookahead(self, sched: SchedulerOutput, num_steps: int) -> bool:
-        """Secure the blocks of num_steps decode steps for every scheduled request, without
-        preempting anyone (False, and nothing held beyond what one step needs: run one step)."""
-        extra = []
-        for item in sched.scheduled:
-            request = item.request
-            needed = self.blocks.blocks_needed(request.num_computed_tokens + num_steps)
-            extra.append(max(0, needed - len(request.block_ids)))
-        if sum(extra) > self.blocks.num_free_blocks:
-            return False
-        for item, n in zip(sched.scheduled, extra):
-            if n:
-                item.request.block_ids += self.blocks.allocate(n)
-        return True
-
     # -- steps in flight (overlapped scheduling) ----------------------------------------------
     # At most one step of a request is unseen when the next is scheduled. That next step
     # assumes the unseen one's drafts are all accepted (it starts after them, on their last
     # sample); settle_in_flight corrects the assumption once the tokens are seen.
-    def launched(self, sched: SchedulerOutput) -> None:
+    def launched(self, sched: StepPlan) -> None:
         """This step was queued on the device; the host sees its tokens later."""
         for item in sched.scheduled:
             request = item.request
@@ -294,7 +249,7 @@ class Scheduler:
                 request.num_inflight_samples += 1 + item.num_draft_tokens
                 request.inflight = item
 
-    def landed(self, sched: SchedulerOutput) -> None:
+    def landed(self, sched: StepPlan) -> None:
         """This step's tokens reached the host (before the engine's update of them)."""
         for item in sched.scheduled:
             if not item.voided:
@@ -351,14 +306,3 @@ class Scheduler:
         if len(request.block_ids) > keep:
             self.blocks.free(request.block_ids[keep:])
             del request.block_ids[keep:]
-
-
-def _is_plain_decode(item: ScheduledRequest, grammar_ok: bool) -> bool:
-    """One new token to sample and nothing the host must do between steps but, where
-    grammar_ok, a grammar's accept and mask row (a heavy grammar's too: one late stops its
-    request for the rest of the call, fsm/decode_masks.py): no drafts, no logprobs, no
-    sampling filter or penalty (the slow path)."""
-    r, p = item.request, item.request.params
-    return (item.sample and item.num_new_tokens == 1 and not item.num_draft_tokens
-            and (r.matcher is None or grammar_ok)
-            and p.logprobs is None and not p.needs_slow_sampling)

@@ -116,10 +116,10 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from guided.serving.async_engine import AsyncEngine
     from guided.errors import InvalidRequestError
     from guided.server.app import create_app
     from guided.server.connections import HeaderTimeoutProtocol
+    from guided.serving.async_engine import AsyncEngine
 
     _setup_logging(args.log_level)
     try:

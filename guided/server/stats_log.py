@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from guided.engine.heap import GcTimer
 from guided.outputs import EngineStats
-from guided.engine.step_times import StepTimes
+from guided.worker.step_times import StepTimes
 
 logger = logging.getLogger("guided.stats")
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from guided.serving.async_engine import RequestStream
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
 from guided.server.sse import ChunkFrame, sse
 from guided.server.tool_output import ToolCallStreamer
+from guided.serving.async_engine import RequestStream
 
 if TYPE_CHECKING:
     from guided.server.app import Server

@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from guided.serving.async_engine import _final, _resolve
-from guided.serving.engine_process import error_from, main
 from guided.errors import OverloadedError
-from guided.serving.output_wire import Received, decode
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
+from guided.serving.async_engine import _final, _resolve
+from guided.serving.engine_process import error_from, main
+from guided.serving.output_wire import Received, decode
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
 
 logger = logging.getLogger(__name__)

@@ -183,12 +183,6 @@ class StepGraphs:
         self.graphs[key].replay()
         return self.outputs[key][:t]
 
-    def replay(self, key: tuple[str, int], num_tokens: int) -> torch.Tensor:
-        """Run a graph again on what its input buffers hold now (multi-step decode calls
-        advance them in place between steps: guided/kernels/decode_inputs.py)."""
-        self.graphs[key].replay()
-        return self.outputs[key][:num_tokens]
-
     def _pad_varlen(self, meta: AttentionMetadata, t: int, b: int, padded: int, *,
                     chunk: int, slots: int) -> None:
         """Padding tokens t..padded go to padding requests of <= chunk tokens each over the

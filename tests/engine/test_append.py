@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from guided.engine.append import Finish, append_tokens
 from guided.engine.detokenizer import fast_decode
-from guided.masks.lazy import INSIDE, OUTSIDE
 from guided.fsm.vocab import TokenVocab
 from guided.params import SamplingParams
 from guided.scheduler.request import Request
-from guided.engine.append import Finish, append_tokens
 from guided.worker.loader import load_tokenizer
 
 
@@ -36,8 +35,7 @@ def _request(params: SamplingParams, eos: tuple[int, ...] = (), max_tokens: int 
 def _append(tok, request, tokens, **kwargs):
     tokenizer, token_bytes = tok
     decode = CountingDecode(fast_decode(tokenizer))
-    n, finish = append_tokens(request, tokens, kwargs.pop("logprobs", None), accepted=True,
-                              decode=decode, token_bytes=token_bytes,
+    n, finish = append_tokens(request, tokens, kwargs.pop("logprobs", None), decode=decode,
                               max_model_len=kwargs.pop("max_model_len", 4096))
     return n, finish, decode.calls
 
@@ -78,13 +76,13 @@ def test_a_stop_string_cuts_at_the_token_that_makes_it(tok):
     assert request.output_token_ids == ids[:n] and n < len(ids)
 
 
-def test_json_state_and_logprobs_follow_the_appended_tokens(tok):
+def test_logprobs_follow_the_appended_tokens(tok):
     request = _request(SamplingParams(logprobs=0))
-    request.json_string, request.logprobs = OUTSIDE, []
+    request.logprobs = []
     ids = _ids(tok, '{"name": "Jo')
     lps = [(-0.5, []) for _ in ids]
     n, _, _ = _append(tok, request, ids, logprobs=lps)
-    assert request.json_string == INSIDE and len(request.logprobs) == n == len(ids)
+    assert len(request.logprobs) == n == len(ids)
 
 
 def test_a_token_the_grammar_rejects_ends_the_request_unappended(tok):
@@ -98,8 +96,7 @@ def test_a_token_the_grammar_rejects_ends_the_request_unappended(tok):
     tokenizer, token_bytes = tok
     request = _request(SamplingParams())
     request.matcher = Rejecting()
-    n, finish = append_tokens(request, [5, 6, 99, 7], None, accepted=False,
-                              decode=fast_decode(tokenizer), token_bytes=token_bytes,
+    n, finish = append_tokens(request, [5, 6, 99, 7], None, decode=fast_decode(tokenizer),
                               max_model_len=4096)
     assert n == 2 and finish.reason == "error" and request.output_token_ids == [5, 6]
 

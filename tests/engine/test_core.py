@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from guided import LLM, InvalidRequestError, SamplingParams
+from guided.scheduler import policy
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a dragon."}]
 
@@ -83,9 +83,9 @@ def test_bad_input_raises_clear_errors(llm):
     assert llm.generate(prompt_ids(llm), SamplingParams(max_tokens=2))[0].finish_reason
 
 
-def test_no_block_leaks_after_finish_abort_and_preemption():
-    llm = LLM(num_kv_blocks=7, max_num_seqs=8, admission_lookahead_tokens=0,
-              enable_prefix_caching=False)
+def test_no_block_leaks_after_finish_abort_and_preemption(monkeypatch):
+    monkeypatch.setattr(policy, "ADMISSION_LOOKAHEAD_TOKENS", 0)  # admit greedily: preempt
+    llm = LLM(num_kv_blocks=7, max_num_seqs=8, enable_prefix_caching=False)
     engine = llm.engine
     ids = prompt_ids(llm)
     for i in range(6):
@@ -111,111 +111,6 @@ def test_no_block_leaks_after_finish_abort_and_preemption():
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     assert all(b.ref_count == 0 for b in bm.blocks)
-
-
-def test_multi_step_decode_equals_single_steps(llm):
-    """Multi-step decode (several decode steps per scheduler call): the same tokens as one
-    step at a time for greedy, seeded and stopping requests; tokens past a stop are dropped
-    and every block comes back."""
-    multi = LLM(num_kv_blocks=96, max_num_seqs=8, num_scheduler_steps=4)
-    try:
-        prompts = [llm.apply_chat_template([{"role": "user", "content": text}]) for text in (
-            "Tell me a story about a dragon.", "List three fruits.", "What is 2+2?")]
-        first = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=12))[0].text
-        stop_word = first.split()[5]  # a word the greedy output reaches mid-way
-        params = [SamplingParams(temperature=0, max_tokens=30, stop=[stop_word]),
-                  SamplingParams(temperature=0.9, seed=11, max_tokens=23),
-                  SamplingParams(temperature=0, max_tokens=200)]  # stops at EOS
-        want = llm.generate(prompts, params)
-        got = multi.generate(prompts, params)
-        for a, b in zip(got, want):
-            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text,
-                                                              b.finish_reason)
-        assert got[0].finish_reason == "stop" and stop_word not in got[0].text
-        assert got[2].finish_reason == "stop"  # EOS inside a multi-step run
-        assert multi.engine.step_times.counts["multi_steps"] > 0
-        assert multi.engine.stats().kv_blocks_in_use == 0
-    finally:
-        multi.engine.shutdown()
-
-
-def test_multi_step_decode_with_grammars_equals_single_steps(llm):
-    """Constrained requests decode several steps per scheduler call too (their matchers fill
-    each step's mask rows between the steps): the tokens of one step at a time, for greedy and
-    seeded rows, with jump-forward on and off, and every output follows its constraint."""
-    import jsonschema
-
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-        "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 3}},
-        "required": ["name", "age", "pets"]}
-    regex = r"\(\d{3}\) \d{3}-\d{4}"
-    prompts = [llm.apply_chat_template([{"role": "user", "content": text}]) for text in (
-        "A person as JSON.", "Describe Bob as JSON.", "A phone number, please.")]
-    params = [SamplingParams(json_schema=schema, temperature=0, max_tokens=80),
-              SamplingParams(json_schema=schema, temperature=0.8, seed=5, max_tokens=80),
-              SamplingParams(regex=regex, temperature=0, max_tokens=30)]
-    want = llm.generate(prompts, params)
-    for jump_forward in (False, True):
-        multi = LLM(num_kv_blocks=96, max_num_seqs=8, num_scheduler_steps=4,
-                    jump_forward=jump_forward)
-        try:
-            got = multi.generate(prompts, params)
-            assert multi.engine.step_times.counts["multi_steps"] > 0
-            assert multi.engine.stats().kv_blocks_in_use == 0
-        finally:
-            multi.engine.shutdown()
-        for a, b in zip(got, want):
-            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text,
-                                                              b.finish_reason)
-        for out in got[:2]:
-            assert out.finish_reason == "stop"
-            jsonschema.validate(json.loads(out.text), schema)
-        assert re.fullmatch(regex, got[2].text)
-
-
-def test_multi_step_dfa_rows_step_on_the_device(llm):
-    """Multi-step calls mask and step DFA grammars on the device (guided/worker/device_dfa.py)
-    once their tables are built, beside rows the host fills (a regex on xgrammar) and free
-    rows in the same calls: the tokens of one step at a time, every output valid."""
-    import time
-
-    import jsonschema
-
-    from guided.params import ConstraintSpec
-
-    schema = {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "rank": {"type": "integer", "minimum": 1, "maximum": 500},
-        "tags": {"type": "array", "items": {"enum": ["old", "big", "wet"]}, "maxItems": 2}},
-        "required": ["city", "rank", "tags"]}
-    regex = r"[A-Z][a-z]{2,8} \d{1,3}"
-    prompts = [llm.apply_chat_template([{"role": "user", "content": text}]) for text in (
-        "A city as JSON.", "Paris as JSON.", "A name and a number.", "Say hello.")]
-    params = [SamplingParams(json_schema=schema, temperature=0, max_tokens=60),
-              SamplingParams(json_schema=schema, temperature=0.7, seed=3, max_tokens=60),
-              SamplingParams(regex=regex, temperature=0, max_tokens=20),
-              SamplingParams(temperature=0, max_tokens=20)]
-    want = llm.generate(prompts, params)
-    multi = LLM(num_kv_blocks=96, max_num_seqs=8, num_scheduler_steps=4, jump_forward=False)
-    try:
-        grammar = multi.engine.compiler.compile(ConstraintSpec.json_schema(schema))
-        dfa = grammar.matcher().dfa
-        deadline = time.monotonic() + 60
-        while dfa.tables is None and time.monotonic() < deadline:  # built on a compile thread
-            time.sleep(0.01)
-        assert dfa.tables is not None
-        got = multi.generate(prompts, params)
-        counts = multi.engine.step_times.counts
-        assert counts["multi_steps"] > 0 and counts["mask_rows_device"] > 0
-    finally:
-        multi.engine.shutdown()
-    for a, b in zip(got, want):
-        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
-    for out in got[:2]:
-        assert out.finish_reason == "stop"
-        jsonschema.validate(json.loads(out.text), schema)
-    assert re.fullmatch(regex, got[2].text)
 
 
 def test_final_outputs_come_once_with_the_text_streaming_makes(llm):

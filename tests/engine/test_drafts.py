@@ -66,7 +66,7 @@ def test_a_new_ask_forgets_the_asks_of_a_failed_step():
 
     from guided.config import EngineConfig
     from guided.engine.drafts import DraftProposer
-    from guided.engine.step_times import StepTimes
+    from guided.worker.step_times import StepTimes
 
     class Pending:
         def wait(self):

@@ -12,8 +12,8 @@ import numpy as np
 import xgrammar as xgr
 from jsonschema import Draft202012Validator
 
-from guided.fsm.schema_check import check_schema
 from guided.fsm.backends.xgrammar_backend import Recipe, grammar_of
+from guided.fsm.schema_check import check_schema
 
 # printable ASCII plus a few characters outside it, one token each; the last is the stop token
 _CHARS = [chr(i) for i in range(32, 127)] + ["é", "\n"]

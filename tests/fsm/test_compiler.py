@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from guided.config import EngineConfig
+from guided.fsm.settings import CompileSettings
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.compiler import CompiledGrammar, GrammarCompiler
 from guided.fsm.watchdog_pool import WatchdogPool
@@ -15,7 +15,7 @@ from guided.params import ConstraintSpec
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(compile_threads=2))
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(compile_threads=2))
     yield c
     c.shutdown()
 
@@ -62,7 +62,7 @@ def test_refusal_reaches_the_future(compiler):
 
 def test_size_limit(tokenizer):
     c = GrammarCompiler(tokenizer, vocab_size=49152,
-                        config=EngineConfig(max_grammar_bytes=100))
+                        config=CompileSettings(max_grammar_bytes=100))
     try:
         future = c.submit(ConstraintSpec("regex", "a" * 101))
         assert future.done()
@@ -94,7 +94,7 @@ class Gate:
 def gated(tokenizer):
     """(compiler, gate): one compile thread, a 0.3 s compile timeout."""
     c = GrammarCompiler(tokenizer, vocab_size=49152,
-                        config=EngineConfig(compile_threads=1, compile_timeout_s=0.3))
+                        config=CompileSettings(compile_threads=1, compile_timeout_s=0.3))
     gate = Gate(c)
     yield c, gate
     gate.opened.set()

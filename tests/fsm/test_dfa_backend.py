@@ -11,12 +11,12 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator
 
-from guided.config import EngineConfig
 from guided.fsm.backends.dfa_backend import DfaMatcher, DfaVocab, TokenDfa, fill_dfa_rows
-from guided.masks.bitmask_fill import fill_bitmasks
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_check import check_schema
 from guided.fsm.schema_regex import schema_regex
+from guided.fsm.settings import CompileSettings
+from guided.masks.bitmask_fill import fill_bitmasks
 from guided.params import ConstraintSpec
 
 PERSON = {"type": "object", "properties": {
@@ -188,8 +188,8 @@ def test_a_dfa_gone_frees_its_rows_for_the_next(vocab, dfa_vocab):
 
 
 def test_the_compiler_serves_regular_schemas_with_the_dfa(tokenizer):
-    on = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig())
-    off = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(dfa_masks=False))
+    on = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings())
+    off = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(dfa_masks=False))
     try:
         assert on.compile(ConstraintSpec.json_schema(PERSON), timeout=60).backend == "dfa"
         grammar = on.compile(ConstraintSpec.json_schema({"type": "number", "maximum": 9}),
@@ -216,7 +216,7 @@ def test_a_large_schema_is_served_by_xgrammar_until_its_dfa_is_in(tokenizer, mon
 
     monkeypatch.setattr(GrammarCompiler, "_dfa", held_build)
     compiler = GrammarCompiler(tokenizer, vocab_size=49152,
-                               config=EngineConfig(dfa_max_wait_size=0))
+                               config=CompileSettings(dfa_max_wait_size=0))
     try:
         grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
         assert grammar.backend == "xgrammar" and grammar.upgrade is not None
@@ -233,7 +233,7 @@ def test_a_large_schema_is_served_by_xgrammar_until_its_dfa_is_in(tokenizer, mon
     finally:
         compiler.shutdown()
     not_regular = GrammarCompiler(tokenizer, vocab_size=49152,
-                                  config=EngineConfig(dfa_max_wait_size=0))
+                                  config=CompileSettings(dfa_max_wait_size=0))
     try:  # no regex: nothing to wait for
         grammar = not_regular.compile(ConstraintSpec.json_schema({"type": "number",
                                                                   "maximum": 9}), timeout=60)
@@ -247,7 +247,7 @@ def test_past_the_queued_upgrades_cap_a_new_schema_stays_on_xgrammar(tokenizer, 
 
     monkeypatch.setattr(compiler_module, "MAX_QUEUED_UPGRADES", 0)  # the queue counts as full
     compiler = GrammarCompiler(tokenizer, vocab_size=49152,
-                               config=EngineConfig(dfa_max_wait_size=0))
+                               config=CompileSettings(dfa_max_wait_size=0))
     try:
         grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
         assert grammar.backend == "xgrammar" and grammar.upgrade is None

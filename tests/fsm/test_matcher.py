@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guided.config import EngineConfig
-from guided.masks.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
 from guided.fsm.compiler import GrammarCompiler
+from guided.fsm.settings import CompileSettings
+from guided.masks.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
 from guided.params import ConstraintSpec
 
 EOS = 2
@@ -14,7 +14,7 @@ EOS = 2
 @pytest.fixture(scope="module", params=[False, True], ids=["compact", "any_ws"])
 def compiler(request, tokenizer):
     c = GrammarCompiler(tokenizer, vocab_size=49216,
-                        config=EngineConfig(any_whitespace=request.param, max_whitespace=2))
+                        config=CompileSettings(any_whitespace=request.param, max_whitespace=2))
     yield c
     c.shutdown()
 
@@ -101,7 +101,7 @@ def test_rollback_restores_state(compiler, tokenizer, spec, text):
 
 
 def test_forced_strings_compact(tokenizer):
-    c = GrammarCompiler(tokenizer, vocab_size=49152, config=EngineConfig(any_whitespace=False))
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(any_whitespace=False))
     try:
         schema = {"type": "object", "properties": {"name": {"type": "string"},
                                                    "role": {"enum": ["admin", "user"]}},

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from guided.config import EngineConfig
 from guided.errors import ConstraintError
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_worker import SchemaWorkers, analyse
+from guided.fsm.settings import CompileSettings
 from guided.params import ConstraintSpec
 from guided.worker.loader import load_tokenizer
 
@@ -68,7 +68,7 @@ def test_a_dead_worker_is_replaced():
 def test_compiler_with_schema_processes_serves_the_same_grammars():
     tokenizer = load_tokenizer("default")
     compilers = [GrammarCompiler(tokenizer, vocab_size=len(tokenizer),
-                                 config=EngineConfig(schema_processes=n, device_dfa=False))
+                                 config=CompileSettings(schema_processes=n))
                  for n in (0, 1)]
     try:
         for schema, backend in ((PERSON, "dfa"), (BOUNDED, "xgrammar")):

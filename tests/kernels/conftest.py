@@ -19,8 +19,7 @@ INTERPRET = not torch.cuda.is_available()
 if INTERPRET:
     _saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in ("guided.kernels.bitmask", "guided.kernels.candidates", "guided.kernels.attention",
-                  "guided.kernels.dfa_advance", "guided.kernels.decode_inputs"):
+    for _name in ("guided.kernels.bitmask", "guided.kernels.attention"):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
         else:

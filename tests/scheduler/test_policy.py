@@ -59,20 +59,6 @@ def test_lookup_cooldown_doubles_and_is_capped():
     assert policy.lookup_cooldown(40, max_cooldown=8) == 8
 
 
-def test_multi_step_calls_wait_for_late_rows_only_in_small_batches():
-    assert policy.waits_for_late_rows(1) and policy.waits_for_late_rows(16)
-    assert not policy.waits_for_late_rows(17) and not policy.waits_for_late_rows(256)
-    assert policy.waits_for_late_rows(40, max_batch=64)
-
-
-def test_num_decode_steps():
-    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 5]) == 5
-    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[20, 30]) == 8
-    assert policy.num_decode_steps(8, all_plain_decode=False, tokens_left=[20]) == 1
-    assert policy.num_decode_steps(1, all_plain_decode=True, tokens_left=[20]) == 1
-    assert policy.num_decode_steps(8, all_plain_decode=True, tokens_left=[]) == 1
-
-
 def test_joins_while_in_flight():
     assert policy.joins_while_in_flight(needs_history=False, tokens_left=3)
     assert not policy.joins_while_in_flight(needs_history=True, tokens_left=3)
@@ -90,76 +76,3 @@ def test_anchoring_pays_from_the_mean_gain_up():
     assert policy.anchoring_pays(0.5, min_gain=0.5)
     assert not policy.anchoring_pays(0.1, min_gain=0.5)
     assert policy.anchoring_pays(-1.0, min_gain=-2.0)
-
-
-def test_samples_unmasked_only_in_wide_states_without_forced_text_or_filters():
-    assert policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=False, filtered=False)
-    assert not policy.samples_unmasked(wide=False, num_forced_drafts=0, greedy=True,
-                                       filtered=False)
-    assert not policy.samples_unmasked(wide=True, num_forced_drafts=2, greedy=True,
-                                       filtered=False)
-    # top-k / top-p / min-p cut the masked distribution; greedy keeps the argmax anyway
-    assert not policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=False,
-                                       filtered=True)
-    assert policy.samples_unmasked(wide=True, num_forced_drafts=0, greedy=True, filtered=True)
-
-
-def test_lazy_masks_pay_only_while_the_host_bounds_the_step():
-    assert policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=3.0)
-    assert not policy.lazy_masks_pay(device_wait_ms=3.0, fill_ms=1.0)
-    # the host waits on the device: its fill is hidden already, whatever it costs
-    assert not policy.lazy_masks_pay(device_wait_ms=2.0, fill_ms=3.0)
-    assert not policy.lazy_masks_pay(device_wait_ms=0.1, fill_ms=0.05)  # nothing to save
-
-
-def test_mask_shards_by_default_only_for_small_models_overlapped_on_a_gpu_of_a_roomy_host():
-    def shards(overlapped=True, on_gpu=True, num_cpus=16, num_params=135_000_000):
-        return policy.default_mask_processes(overlapped=overlapped, on_gpu=on_gpu,
-                                             num_cpus=num_cpus, num_params=num_params)
-
-    assert shards() == 4
-    assert shards(num_cpus=8) == 4 and shards(num_cpus=7) == 0
-    assert shards(num_params=999_999_999) == 4 and shards(num_params=1_000_000_000) == 0
-    assert shards(num_params=8_000_000_000) == 0
-    assert shards(overlapped=False) == 0
-    assert shards(on_gpu=False) == 0  # overlapped steps on the CPU (tests) fill in-process
-
-
-def test_schema_workers_by_default_only_on_a_gpu_of_a_roomy_host():
-    assert policy.default_schema_processes(on_gpu=True, num_cpus=16) == 4
-    assert policy.default_schema_processes(on_gpu=True, num_cpus=8) == 4
-    assert policy.default_schema_processes(on_gpu=True, num_cpus=7) == 0
-    assert policy.default_schema_processes(on_gpu=False, num_cpus=64) == 0  # CPU: in-thread
-
-
-def test_idle_class_compiles_by_default_only_on_a_gpu_of_a_roomy_host():
-    assert policy.default_compile_sched_idle(on_gpu=True, num_cpus=16)
-    assert not policy.default_compile_sched_idle(on_gpu=True, num_cpus=4)
-    assert not policy.default_compile_sched_idle(on_gpu=False, num_cpus=64)  # CPU: would starve
-
-
-def test_compile_threads_by_default_take_idle_cores_only_where_they_are_idle_class():
-    assert policy.default_compile_threads(sched_idle=True, num_cpus=16) == 12
-    assert policy.default_compile_threads(sched_idle=True, num_cpus=4) == 4
-    assert policy.default_compile_threads(sched_idle=False, num_cpus=64) == 4
-
-
-def test_one_xgrammar_compile_spreads_over_idle_cores_only_where_compiles_are_idle_class():
-    assert policy.default_xgrammar_threads(sched_idle=True, num_cpus=16) == 8
-    assert policy.default_xgrammar_threads(sched_idle=True, num_cpus=6) == 3
-    assert policy.default_xgrammar_threads(sched_idle=False, num_cpus=64) == 1
-
-
-def test_resolve_compile_config_fills_only_what_the_config_leaves_open():
-    from guided.config import EngineConfig
-
-    gpu = policy.resolve_compile_config(EngineConfig(), on_gpu=True, num_cpus=16)
-    assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes,
-            gpu.xgrammar_threads, gpu.dfa_max_wait_size) == (True, 12, 4, 8, 0)
-    cpu = policy.resolve_compile_config(EngineConfig(), on_gpu=False, num_cpus=16)
-    assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes,
-            cpu.xgrammar_threads, cpu.dfa_max_wait_size) == (False, 4, 0, 1, 1000)
-    mine = policy.resolve_compile_config(
-        EngineConfig(compile_threads=3, compile_sched_idle=False, xgrammar_threads=2),
-        on_gpu=True, num_cpus=16)
-    assert (mine.compile_sched_idle, mine.compile_threads, mine.xgrammar_threads) == (False, 3, 2)

@@ -8,9 +8,9 @@ import pytest
 from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
 from fastapi.testclient import TestClient
 
-from guided.serving.async_engine import AsyncEngine
 from guided.params import SamplingParams
 from guided.server.app import create_app
+from guided.serving.async_engine import AsyncEngine
 
 
 @pytest.fixture

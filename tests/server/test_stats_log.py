@@ -5,9 +5,17 @@ from __future__ import annotations
 import logging
 
 from guided.outputs import EngineStats
-from guided.server.stats_log import (CompileCounts, StatsLogger, busiest_threads, child_cpu_seconds,
-                              cpu_by_group, cpu_waits, stats_line, thread_cpu_seconds)
-from guided.engine.step_times import StepTimes
+from guided.server.stats_log import (
+    CompileCounts,
+    StatsLogger,
+    busiest_threads,
+    child_cpu_seconds,
+    cpu_by_group,
+    cpu_waits,
+    stats_line,
+    thread_cpu_seconds,
+)
+from guided.worker.step_times import StepTimes
 
 
 def test_stats_line_reports_rates_over_the_interval():

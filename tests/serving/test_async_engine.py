@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guided.serving.async_engine import AsyncEngine
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
 from guided.params import SamplingParams
+from guided.serving.async_engine import AsyncEngine
 
 _spec = importlib.util.spec_from_file_location(
     "fake_engine", Path(__file__).parents[1] / "server" / "fake_engine.py")
@@ -216,8 +216,8 @@ def test_one_hand_off_per_step_carries_all_its_outputs(fake, monkeypatch):
 
 
 def test_stream_keeps_only_the_latest_output_and_the_finished_one_last():
-    from guided.serving.async_engine import RequestStream
     from guided.outputs import RequestOutput
+    from guided.serving.async_engine import RequestStream
 
     def output(n, finished=False):
         return RequestOutput("s", [1], list(range(n)), "x" * n, finished=finished)

@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 
 from guided.config import EngineConfig
-from guided.serving.client import EngineClient
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
 from guided.params import SamplingParams
+from guided.serving.client import EngineClient
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0}},

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pickle
 
-from guided.serving.output_wire import Sent, decode, encode
 from guided.outputs import RequestMetrics, RequestOutput
+from guided.serving.output_wire import Sent, decode, encode
 from guided.serving.snapshots import History, snapshot
 
 

@@ -109,26 +109,3 @@ def test_decode_after_verify_keeps_its_query_offsets():
     assert graph_vs_eager(engine, "decode") < 2e-2
 
 
-def test_multi_step_decode_replays_graphs_with_the_same_tokens():
-    """Decode steps chained on the device (sampled ids fed back, slots derived there) give the
-    tokens of one step per scheduler call, through the same graphs."""
-    prompts = [[(11 * i + j) % 700 + 100 for j in range(17 + 6 * i)] for i in range(5)]
-    outs = {}
-    for steps in (1, 8):
-        engine = Engine(EngineConfig(model="synthetic:llama-3.2-1b", max_num_seqs=16,
-                                     max_model_len=1024, num_kv_blocks=256,
-                                     num_scheduler_steps=steps))
-        for i, p in enumerate(prompts):
-            engine.add_request(f"r{i}", p, SamplingParams(
-                max_tokens=29, temperature=0.0 if i % 2 else 0.8, seed=i, ignore_eos=True))
-        done = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.token_ids
-        counts = engine.step_times.counts
-        assert counts.get("multi_steps", 0) > 0 if steps > 1 else "multi_steps" not in counts
-        assert engine.stats().kv_blocks_in_use == 0
-        engine.shutdown()
-        outs[steps] = done
-    assert outs[8] == outs[1]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from guided import LLM, SamplingParams
+from guided.scheduler import policy
 from guided.worker.loader import load_tokenizer, resolve_model_dir
 
 NUM_TOKENS = 24
@@ -70,11 +71,11 @@ def test_greedy_matches_transformers(reference, enable_prefix_caching):
     assert llm.engine.stats().kv_blocks_in_use == 0
 
 
-def test_greedy_matches_transformers_under_preemption(reference):
+def test_greedy_matches_transformers_under_preemption(reference, monkeypatch):
     all_prompts, expected = reference
     need = max(len(p) for p in all_prompts) + NUM_TOKENS
-    llm = LLM(num_kv_blocks=-(-need // 16) + 2, enable_prefix_caching=False,
-              admission_lookahead_tokens=0)  # admit greedily: growth must preempt
+    monkeypatch.setattr(policy, "ADMISSION_LOOKAHEAD_TOKENS", 0)  # admit greedily: preempt
+    llm = LLM(num_kv_blocks=-(-need // 16) + 2, enable_prefix_caching=False)
     outs = llm.generate(all_prompts, GREEDY)
     assert llm.engine.stats().preemptions_total > 0, "the KV budget was meant to force preemption"
     assert [o.token_ids for o in outs] == expected

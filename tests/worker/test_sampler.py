@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guided.worker.sampler import SamplingRows, sample
+from guided.scheduler.sampling_rows import SamplingRows
+from guided.worker.sampler import sample
 
 VOCAB = 500
 
@@ -37,7 +38,7 @@ def test_position_seeds_equal_position_seed():
 
     import numpy as np
 
-    from guided.worker.sampler import position_seed, position_seeds
+    from guided.scheduler.sampling_rows import position_seed, position_seeds
 
     rng = random.Random(5)
     seeds = [rng.getrandbits(63) for _ in range(300)] + [0, (1 << 63) - 1]
@@ -49,7 +50,7 @@ def test_position_seeds_equal_position_seed():
 @pytest.mark.parametrize("slow", [False, True])
 def test_rows_for_repeats_each_request_over_its_rows(slow):
     from guided.params import SamplingParams
-    from guided.worker.sampler import RowSource, position_seed, rows_for
+    from guided.scheduler.sampling_rows import RowSource, position_seed, rows_for
 
     plain = SamplingParams(temperature=0.5)
     other = SamplingParams(temperature=0.9, top_k=5 if slow else -1, logprobs=2)

@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from concurrent.futures import Future
 
 import numpy as np
 import outlines_core as oc
 import torch
 
-from guided.fsm.dfa_tables import DfaTables, index_tables
 from guided.fsm.matcher import MAX_ROLLBACK_TOKENS, Matcher
-from guided.fsm.table_worker import TableWorkers
 from guided.fsm.vocab import TokenVocab
 
 _MAX_FORCED_BYTES = 512
@@ -98,8 +95,6 @@ class TokenDfa:
         self.pool = vocab.pool
         self._slots: dict[int, int] = {}  # state -> its row in the pool
         self._forced: dict[int, bytes] = {}
-        self.tables: DfaTables | None = None  # once built (build_tables), for the device
-        self.tables_ready: Future | None = None  # the build, where workers were asked for it
         weakref.finalize(self, self.pool.release, self._slots)
 
     @property
@@ -119,19 +114,6 @@ class TokenDfa:
                     pointer, words, 4))
                 self._slots[state] = slot
             return slot
-
-    def build_tables(self, max_bytes: int, workers: TableWorkers | None = None
-                     ) -> DfaTables | None:
-        """Publishes the transition tables (self.tables), made by a worker process (in this
-        thread without one), unless the index serializes to more than max_bytes."""
-        if workers is None:
-            tables = index_tables(self.index, self.vocab.num_words, self.vocab.eos_id, max_bytes)
-        else:
-            tables = workers.tables(self.regex, max_bytes)
-        if tables is not None and tables.rows.shape[1] != self.vocab.num_words:
-            raise ValueError("DFA tables of another vocabulary")
-        self.tables = tables
-        return tables
 
     def forced(self, state: int) -> bytes:
         """The bytes every continuation from `state` starts with (b"" if none)."""
@@ -184,7 +166,6 @@ class DfaMatcher(Matcher):
     window); EOS is ours to track, as the index has no transition for it."""
 
     __slots__ = ("_dfa", "_eos", "_guide", "_num_tokens", "_terminated")
-    cheap_rows = True
 
     def __init__(self, dfa: TokenDfa, vocab: TokenVocab):
         self._dfa = dfa

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from typing import NamedTuple
 
@@ -11,13 +10,12 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from guided.config import EngineConfig
 from guided.errors import ConstraintError
-from guided.fsm.char_budgets import budget_long_repetitions, has_budget
+from guided.fsm.char_budgets import budget_long_repetitions
 from guided.fsm.grammar_bounds import check_grammar_bounds
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import fix_optional_groups
-from guided.masks.string_ban import json_string_banned
+from guided.fsm.settings import CompileSettings
 from guided.fsm.vocab import TokenVocab
 
 log = logging.getLogger(__name__)
@@ -43,27 +41,9 @@ def token_ban(banned: frozenset[int], vocab_size: int) -> TokenBan:
     return TokenBan(words, banned, columns, words.numpy()[columns])
 
 
-# xgrammar spells a counted repetition {n}, {m,n} or {m, n} in its grammar text
-_COUNTS = re.compile(r"\{(\d+)(?:,\s*(\d+))?\}")
-# beyond this count a row inside the repetition costs ~0.2-8 ms on the CPU, against ~0.1 ms for
-# most JSON rows (a maxLength of 8192: 8 ms; benchmarks/row_costs.py)
-HEAVY_REPETITION = 64
-
-
-def has_long_repetition(compiled: xgr.CompiledGrammar) -> bool:
-    """Whether the grammar counts a repetition past HEAVY_REPETITION (a long maxItems, a
-    regex's {m,n}) or budgets a long string (char_budgets.py): its matchers' rows are then
-    filled off the step loop."""
-    text = str(compiled.grammar)
-    return has_budget(text) or any(int(n or m) > HEAVY_REPETITION
-                                   for m, n in _COUNTS.findall(text))
-
-
 class Recipe(NamedTuple):
-    """What an xgrammar grammar is compiled from: a mask shard compiles the same recipe with the
-    same tokenizer into the same grammar (compile_recipe), rather than be sent the compiled one
-    (serializing it cost the engine's process ~20 ms of GIL a large grammar and ~0.3 s/MB of
-    a core)."""
+    """What an xgrammar grammar is compiled from (the compile cache and the schema workers
+    speak of grammars by their recipe)."""
     kind: str  # "json_schema" (checked by check_schema) | "json_object" | "regex" | "grammar"
     source: str  # the schema as JSON, the regex or the EBNF ("" for json_object)
     any_whitespace: bool = False
@@ -125,7 +105,7 @@ class XGrammarBackend:
 
     name = "xgrammar"
 
-    def __init__(self, vocab: TokenVocab, config: EngineConfig):
+    def __init__(self, vocab: TokenVocab, config: CompileSettings):
         self.vocab = vocab
         self.config = config
         self.tokenizer_info = xgr.TokenizerInfo(
@@ -135,7 +115,6 @@ class XGrammarBackend:
                                             max_threads=config.xgrammar_threads,
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
-        self._json_string_ban: TokenBan | None = None
         # the bans are Python loops over the vocabulary (~0.1 s each): once, not once a thread
         # (a cold wave's first compiles all asked at once, each holding the GIL for the loop)
         self._bans_lock = threading.Lock()
@@ -159,17 +138,6 @@ class XGrammarBackend:
         """The control bytes JSON output may hold: whitespace, where whitespace is free."""
         return b"\t\n\r" if self.config.any_whitespace else b""
 
-    def json_string_ban(self) -> TokenBan:
-        """json_ban and the tokens that cannot come next inside a JSON string at a character
-        boundary (guided/masks/string_ban.py): what a lazy row there carries."""
-        ban = self.json_ban()
-        with self._bans_lock:
-            if self._json_string_ban is None:
-                self._json_string_ban = token_ban(
-                    ban.ids | json_string_banned(self.vocab.token_bytes, self._raw_controls()),
-                    self.vocab.vocab_size)
-            return self._json_string_ban
-
     def recipe(self, kind: str, source: str = "") -> Recipe:
         """kind: "json_schema" (source: a schema check_schema has rewritten, as JSON: the
         compiler checks it once, for whichever backend then serves it), "json_object",
@@ -187,23 +155,18 @@ class XGrammarBackend:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled",
-                 "heavy", "recipe", "string_ban")
+    __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
-                 ban: TokenBan | None = None, string_ban: TokenBan | None = None,
-                 heavy: bool = False, recipe: Recipe | None = None):
+                 ban: TokenBan | None = None):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         # the C++ matcher itself for the calls the step loop makes per token, past xgrammar's
         # Python wrappers (an xgrammar without it fails here, in every matcher test)
         self._handle = self._matcher._handle
-        self.compiled = compiled  # shared by the request's grammar: what mask shards mirror
-        self.recipe = recipe  # what it was compiled from (a mask shard compiles it too), or None
-        self.heavy = heavy  # see Matcher.heavy
+        self.compiled = compiled  # shared by the request's grammar
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None
-        self.string_ban = string_ban  # see Matcher.string_ban
         # whether a stop token was ever accepted: only then can the matcher be terminated. The
         # step loop asks ~300 times a step at 256 requests; each call into xgrammar lets go of
         # the GIL, which the mask and side threads then hold for a while

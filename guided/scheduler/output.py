@@ -1,0 +1,123 @@
+"""A step as plain data: what a worker needs to run it (token ids, positions, KV slots, block
+tables, per-row sampling values, which rows are constrained), and nothing live. It crosses a
+process boundary as it is; the engine keeps the StepPlan it came from to read the results.
+
+    StepPlan (live requests)  --build_output-->  SchedulerOutput  --> worker(s)
+         ^                                                              |
+         +--------- RunnerOutput: one sampled token per row ------------+
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from guided.scheduler.sampling_rows import RowSource, SamplingRows, rows_for
+from guided.scheduler.scheduler import StepPlan
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    input_ids: list[int]  # (T,) the step's tokens, packed; a placeholder's is 0
+    positions: list[int]  # (T,)
+    slot_mapping: list[int]  # (T,) KV slot of each token
+    query_start_loc: list[int]  # (B + 1,) where each request's tokens start
+    seq_lens: list[int]  # (B,) each request's length once the step has run
+    block_tables: list[list[int]]  # (B, max_blocks) padded with 0
+    logits_indices: list[int]  # (N,) the tokens whose logits are sampled
+    sampling: SamplingRows  # (N,) rows
+    mask_rows: list[int]  # (N,) each sampled row's row in the step's bitmask, -1: none
+    num_mask_rows: int
+    has_drafts: bool
+    # overlapped scheduling: input_ids[placeholder_index[i]] is the token the previous step
+    # samples in its row placeholder_row[i] (not yet known on the host)
+    placeholder_index: list[int] = field(default_factory=list)
+    placeholder_row: list[int] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.logits_indices)
+
+    @property
+    def query_lens(self) -> list[int]:
+        q = self.query_start_loc
+        return [q[i + 1] - q[i] for i in range(len(q) - 1)]
+
+
+@dataclass(slots=True)
+class RowMap:
+    """The engine's key to a step's rows: which scheduled request each sampled row is."""
+    row_owner: list[int] = field(default_factory=list)  # (N,) index into plan.scheduled
+    first_row: dict[str, int] = field(default_factory=dict)  # request id -> its first row
+
+
+def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int] | None = None
+                 ) -> tuple[SchedulerOutput, RowMap]:
+    """placeholders: scheduled index -> the previous step's sampled row whose token is this
+    request's next input (overlapped scheduling: that token is not on the host yet).
+    A constrained request's sampled rows get consecutive mask rows (item.masked)."""
+    bs = block_size
+    placeholders = placeholders or {}
+    rows = RowMap()
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    logits_indices: list[int] = []
+    mask_rows: list[int] = []
+    sources: list[RowSource] = []
+    place_index: list[int] = []
+    place_row: list[int] = []
+    num_mask_rows = 0
+    max_blocks = max(len(item.request.block_ids) for item in plan.scheduled)
+    tables: list[list[int]] = []
+    # per request, not per token or row: a verify step at 256 requests has ~700 of each
+    for b, item in enumerate(plan.scheduled):
+        req = item.request
+        start = req.num_computed_tokens + req.num_inflight_tokens
+        num_drafts = item.num_draft_tokens
+        n = item.num_new_tokens + num_drafts
+        table = req.block_ids
+        tables.append(table + [0] * (max_blocks - len(table)))
+        pending_row = placeholders.get(b)
+        if pending_row is not None:  # its one new token is the in-flight sample,
+            place_index.append(len(ids))  # gathered on the device at launch
+            place_row.append(pending_row)
+            ids.append(0)
+            ids.extend(item.draft_token_ids[:num_drafts])
+        else:
+            known = req.num_tokens
+            ids.extend(req.token_at(pos) if pos < known
+                       else item.draft_token_ids[pos - known] for pos in range(start, start + n))
+        positions.extend(range(start, start + n))
+        if n == 1:
+            slots.append(table[start // bs] * bs + start % bs)
+        else:
+            slots.extend([table[pos // bs] * bs + pos % bs for pos in range(start, start + n)])
+        query_start.append(len(ids))
+        seq_lens.append(start + n)
+        if not item.sample:
+            continue
+        count = 1 + num_drafts
+        rows.first_row[req.request_id] = len(logits_indices)
+        logits_indices.extend(range(len(ids) - count, len(ids)))
+        rows.row_owner.extend([b] * count)
+        if item.masked:
+            mask_rows.extend(range(num_mask_rows, num_mask_rows + count))
+            num_mask_rows += count
+        else:
+            mask_rows.extend([-1] * count)
+        p = req.params
+        # which output token its first row samples (in-flight ones come before it)
+        sources.append(RowSource(
+            p, count, req.seed, len(req.output_token_ids) + req.num_inflight_samples,
+            req.prompt_token_ids,
+            [req.output_token_ids + item.draft_token_ids[:j] for j in range(count)]
+            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+            else None))
+    out = SchedulerOutput(
+        input_ids=ids, positions=positions, slot_mapping=slots, query_start_loc=query_start,
+        seq_lens=seq_lens, block_tables=tables, logits_indices=logits_indices,
+        sampling=rows_for(sources), mask_rows=mask_rows, num_mask_rows=num_mask_rows,
+        has_drafts=any(item.num_draft_tokens for item in plan.scheduled),
+        placeholder_index=place_index, placeholder_row=place_row)
+    return out, rows
