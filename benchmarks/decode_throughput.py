@@ -1,12 +1,11 @@
 """Decode tokens/s at several batch sizes, and the batch-1 decode step beside the HBM floor.
 
     python benchmarks/decode_throughput.py --model default --model synthetic:llama-3-8b \
-        --batch 1,16,64,256 --scheduler-steps 1,8
+        --batch 1,16,64,256
 
 Decode is timed after every request finished its prefill: B requests with short prompts and
-ignore_eos, N decode steps (tokens per request) timed with a device sync at the end; with
---scheduler-steps k > 1 one engine step runs up to k decode steps (multi-step decode). The floor is the bytes a decode
-step must read (weights once, plus the K/V of the batch) over the bandwidth of a measured
+ignore_eos, N decode steps (tokens per request) timed with a device sync at the end. The floor
+is the bytes a decode step must read (weights once, plus the K/V of the batch) over the bandwidth of a measured
 device-to-device copy (read + write counted).
 """
 from __future__ import annotations
@@ -83,16 +82,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--scheduler-steps", default="1",
-                    help="comma list of num_scheduler_steps (multi-step decode when > 1)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     models = args.model or ["default"]
     batches = [int(b) for b in args.batch.split(",")]
     rows = []
-    for model, steps in [(m, int(k)) for m in models for k in args.scheduler_steps.split(",")]:
+    for model in models:
         config = EngineConfig(model=model, max_num_seqs=max(batches), max_model_len=2048,
-                              cuda_graphs=not args.no_cuda_graphs, num_scheduler_steps=steps)
+                              cuda_graphs=not args.no_cuda_graphs)
         engine = Engine(config)
         device = engine.runner.device
         bw = copy_bandwidth(device) if device.type == "cuda" else None
@@ -104,12 +101,12 @@ def main() -> None:
             if bw:
                 avg_kv = r["kv_tokens"] - batch * args.steps / 2
                 floor_ms = 1e3 * (weight_bytes + avg_kv * kv_per_token) / bw
-            r.update(model=model, scheduler_steps=steps, dtype=str(engine.runner.dtype).removeprefix("torch."),
+            r.update(model=model, dtype=str(engine.runner.dtype).removeprefix("torch."),
                      floor_ms=floor_ms, weight_gb=weight_bytes / 1e9,
                      bw_tbs=bw / 1e12 if bw else None,
                      graphs=engine.runner.graphs is not None)
             rows.append(r)
-            print(f"{model} steps/call {steps} batch {batch}: {r['tok_s']:.0f} tok/s, step {r['step_ms']:.2f} ms"
+            print(f"{model} batch {batch}: {r['tok_s']:.0f} tok/s, step {r['step_ms']:.2f} ms"
                   + (f" (floor {floor_ms:.2f} ms)" if floor_ms else ""), file=sys.stderr)
         engine.shutdown()
         del engine
@@ -119,13 +116,12 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\ndecode throughput on {gpu} (steps {args.steps}, prompt {args.prompt_len}, "
           f"CUDA graphs {'off' if args.no_cuda_graphs else 'on'})\n")
-    print("| model | dtype | decode steps per call | batch | decode tok/s | step ms | HBM floor ms "
-          "| step / floor |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | dtype | batch | decode tok/s | step ms | HBM floor ms | step / floor |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         floor = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
         ratio = f"{r['step_ms'] / r['floor_ms']:.2f}" if r["floor_ms"] else "-"
-        print(f"| {r['model']} | {r['dtype']} | {r['scheduler_steps']} | {r['batch']} | {r['tok_s']:.0f} | "
+        print(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['tok_s']:.0f} | "
               f"{r['step_ms']:.2f} | {floor} | {ratio} |")
     if rows and rows[0]["bw_tbs"]:
         print(f"\ncopy bandwidth (read + write): {rows[0]['bw_tbs']:.2f} TB/s")

@@ -2,7 +2,7 @@
 
     python benchmarks/engine_offline.py --model synthetic:llama-3-8b \
         --workload .work/json.jsonl --num-requests 256 --concurrency 64 [--free]
-        [--paired [--rounds 5 [--lazy-ab]]]
+        [--paired [--rounds 5]]
 
 --free drops the constraints and forces the same output lengths (ignore_eos), for the
 constrained / unconstrained ratio on the same prompts. Workload files come from
@@ -55,7 +55,6 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
     list (the paired run forces the constrained run's lengths)."""
     t0 = time.perf_counter()
     engine.step_times.reset()
-    engine.runner.timeline.reset()
     GC.reset()
     refused, tokens = 0, 0
     lengths: dict[int, int] = {}
@@ -71,7 +70,6 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
     by_batch = BatchTimes(engine.step_times)
     while engine.has_unfinished_requests():
         num_calls += 1
-        engine.runner.timeline.call = num_calls
         with by_batch.step(len(engine.scheduler.running)):
             outputs = engine.step()
         for out in outputs:
@@ -85,8 +83,7 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
             "phases": engine.step_times.summary() + loop_time(engine, t_added - t0,
                                                               time.perf_counter() - t_added,
                                                               num_calls)
-            + by_batch.summary()
-            + (device_waits(engine, by_batch) if engine.runner.timeline.enabled else ""),
+            + by_batch.summary(),
             "lengths": [lengths.get(i, 0) for i in range(len(rows))]}
 
 
@@ -145,21 +142,6 @@ class BatchTimes:
         return text
 
 
-def device_waits(engine: Engine, by_batch: BatchTimes, n: int = 6) -> str:
-    """The device timeline's spans, then its n longest waits for a sampling launch, each with
-    the host's phases (ms) and counts in the loop call that launched it."""
-    timeline = engine.runner.timeline
-    text = f" | {timeline.summary()}"
-    for ms, call in timeline.longest_waits(n):
-        if not 0 < call <= len(by_batch.per_call):
-            continue
-        running, phases, counts = by_batch.per_call[call - 1]
-        text += (f" || wait {ms:.2f} ms at call {call} ({running} running): "
-                 + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(phases.items()))
-                 + "; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return text
-
-
 def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) -> str:
     """The run's time outside the phases: adding the requests (templates, tokenizing), and the
     step loop's time no phase names (a gap here is host work no phase times)."""
@@ -173,7 +155,7 @@ def loop_time(engine: Engine, adding: float, stepping: float, num_calls: int) ->
 
 def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
     """One token of every row, which compiles every grammar once (and waits for what is built
-    after a compile: large schemas' DFAs, device tables); the rows not refused."""
+    after a compile: large schemas' DFAs); the rows not refused."""
     warm = run(engine, rows, 1, free=False, tag="w")
     kept = [r for r, n in zip(rows, warm["lengths"]) if n > 0]
     if not kept:
@@ -186,9 +168,6 @@ def compile_all(engine: Engine, rows: list[dict]) -> list[dict]:
         grammar = engine.compiler.submit(spec).result()
         if grammar.upgrade is not None:  # a large schema's DFA, still compiling: waited for
             wait([grammar.upgrade])
-        dfa = getattr(grammar.matcher(), "dfa", None)
-        if dfa is not None and dfa.tables_ready is not None:  # its device tables too
-            wait([dfa.tables_ready])
         backends[grammar.backend] += 1
     print(f"  grammars of the {len(kept)} requests kept: "
           + ", ".join(f"{n} {name}" for name, n in backends.most_common()),
@@ -209,39 +188,21 @@ def paired(engine: Engine, rows: list[dict], max_tokens: int) -> list[dict]:
             dict(mode="constrained (repeat)", **constrained_again)]
 
 
-def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int,
-           lazy_ab: bool = False) -> list[dict]:
+def rounds(engine: Engine, rows: list[dict], max_tokens: int, num_rounds: int) -> list[dict]:
     """Constrained then free (the same lengths), num_rounds times after one compiling warm run:
     one pair's ratio moves with the host's speed from run to run (a 3 s run on the H200's
     host moved 1.3x between runs of one call), the median of several holds still. Round 1
-    prefills prompts the later rounds find in the prefix cache. lazy_ab: each round also runs
-    the constrained requests with lazy masks off, beside the run with them on (the same warm
-    engine; after it in odd rounds, before it in even ones), for a comparison the host's drift
-    between runs does not swamp."""
+    prefills prompts the later rounds find in the prefix cache."""
     kept = compile_all(engine, rows)
 
-    def lazy_off(k: int) -> dict:
-        engine.set_lazy_masks(False)
-        try:
-            return run(engine, kept, max_tokens, free=False, tag=f"o{k}-")
-        finally:
-            engine.set_lazy_masks(True)
 
     pairs = []
     for k in range(num_rounds):
-        # every other round runs off first: neither gains from the order
-        off = lazy_off(k) if lazy_ab and k % 2 else None
         constrained = run(engine, kept, max_tokens, free=False, tag=f"c{k}-")
-        if lazy_ab and off is None:
-            off = lazy_off(k)
         free = run(engine, kept, [max(1, n) for n in constrained["lengths"]], free=True,
                    tag=f"f{k}-")
-        pairs.append({"constrained": constrained, "free": free, "lazy_off": off,
+        pairs.append({"constrained": constrained, "free": free,
                       "ratio": constrained["tok_s"] / free["tok_s"]})
-        if off is not None:
-            pairs[-1]["ratio_off"] = off["tok_s"] / free["tok_s"]
-            print(f"  round {k + 1}: lazy masks off {off['tok_s']:.0f} tok/s, ratio "
-                  f"{pairs[-1]['ratio_off']:.3f}", file=sys.stderr, flush=True)
         print(f"  round {k + 1}/{num_rounds}: constrained {constrained['tok_s']:.0f} tok/s, "
               f"free {free['tok_s']:.0f} tok/s, ratio {pairs[-1]['ratio']:.3f}",
               file=sys.stderr, flush=True)
@@ -255,31 +216,23 @@ def main() -> None:
     ap.add_argument("--free", action="store_true")
     ap.add_argument("--no-jump-forward", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="any other EngineConfig field, e.g. --set lookup_draft_tokens=0")
+                    help="any other EngineConfig field, e.g. --set jump_forward=false")
     ap.add_argument("--paired", action="store_true",
                     help="constrained vs free with matched lengths, grammars precompiled")
     ap.add_argument("--rounds", type=int, default=0,
                     help="with --paired: this many constrained / free pairs, and their medians")
-    ap.add_argument("--lazy-ab", action="store_true",
-                    help="with --rounds: every round also runs lazy masks off (same engine)")
     ap.add_argument("--output-kind", choices=("final", "cumulative"), default="final",
                     help="final: only finished outputs (offline use); cumulative: every step's")
     args = ap.parse_args()
     OUTPUT_KIND["kind"] = args.output_kind
     options = {"model": args.model, "max_num_seqs": args.concurrency,
                "jump_forward": not args.no_jump_forward}
-    # grammars are compiled before the measured runs (their cost is bench_grammar.py's): a
-    # cache smaller than the workload would compile them again inside every run
-    if args.num_requests > EngineConfig().grammar_cache_size:
-        options["grammar_cache_size"] = args.num_requests
     options.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)})
     engine = Engine(EngineConfig(**options))
     rows = load(args.workload, args.num_requests)
     run(engine, rows[:8], 8, args.free)  # warm-up: compile caches, graphs
     if args.paired and args.rounds:
-        if args.lazy_ab:
-            engine.set_lazy_masks(True)
-        pairs = rounds(engine, rows, args.max_tokens, args.rounds, args.lazy_ab)
+        pairs = rounds(engine, rows, args.max_tokens, args.rounds)
         print(f"\n{args.model}, concurrency {args.concurrency}, jump-forward "
               f"{'off' if args.no_jump_forward else 'on'} {' '.join(args.set)}, "
               f"{args.output_kind} outputs: same prompts, same output lengths, "
@@ -292,18 +245,6 @@ def main() -> None:
                   f"{p['ratio']:.3f} |")
         warm = pairs[1:] or pairs  # round 1 prefills what the others find cached
         med = statistics.median
-        if args.lazy_ab:
-            print("\n| round | lazy on tok/s | lazy off tok/s | on / off | ratio on | ratio off |")
-            print("|---|---|---|---|---|---|")
-            for k, p in enumerate(pairs):
-                on, off = p["constrained"]["tok_s"], p["lazy_off"]["tok_s"]
-                print(f"| {k + 1} | {on:.0f} | {off:.0f} | {on / off:.3f} | {p['ratio']:.3f} | "
-                      f"{p['ratio_off']:.3f} |")
-            print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
-                  f"{med(p['constrained']['tok_s'] / p['lazy_off']['tok_s'] for p in warm):.3f} | "
-                  f"{med(p['ratio'] for p in warm):.3f} | "
-                  f"{med(p['ratio_off'] for p in warm):.3f} |")
-            print(f"  last lazy off: {pairs[-1]['lazy_off']['phases']}", file=sys.stderr)
         print(f"| median of rounds {2 if len(pairs) > 1 else 1}-{len(pairs)} | | | "
               f"{med(p['constrained']['tok_s'] for p in warm):.0f} | "
               f"{med(p['free']['tok_s'] for p in warm):.0f} | "

@@ -9,41 +9,52 @@ from guided.errors import InvalidRequestError
 DEFAULT_MODEL = "default"
 
 
+def _option(default, help_text: str):
+    """A field with its one-line help (what `guided serve --help` prints)."""
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """What a user sets; everything else is a constant of its module or derived from the host
     once (fsm/settings.py CompileSettings.for_host, worker/model_runner.py resolve_device)."""
 
-    model: str = DEFAULT_MODEL
-    """"default" (the embedded SmolLM2-135M-Instruct), an HF model directory, a .gguf file, or
-    synthetic:<shape> (random weights, real architecture)."""
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
-    seed: int = 0  # seeds random weights and the seeds of requests that bring none
+    model: str = _option(DEFAULT_MODEL, '"default" (the embedded SmolLM2-135M-Instruct), an HF '
+                         "model directory, a .gguf file, or synthetic:<shape> (random weights)")
+    device: str = _option("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = _option("auto", "auto (float32 on a CPU, bfloat16 on a GPU) | float32 | "
+                                 "bfloat16 | float16")
+    seed: int = _option(0, "seeds random weights and the sampling of requests that bring none")
 
     # KV cache and batching
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # None: sized from memory (gpu_memory_utilization)
-    gpu_memory_utilization: float = 0.85  # this engine's share of the GPU, as in vLLM
-    max_model_len: int | None = None  # None: the model's context length
-    max_num_seqs: int = 256  # requests running at once
-    max_num_batched_tokens: int = 2048  # tokens per step (prefill chunks, decodes, drafts)
-    enable_prefix_caching: bool = True
-    max_waiting_requests: int = 4096  # beyond it a new request is refused (overloaded)
+    block_size: int = _option(16, "tokens per KV cache block (8, 16, 32, 64 or 128)")
+    num_kv_blocks: int | None = _option(None, "KV cache blocks (None: sized from memory)")
+    gpu_memory_utilization: float = _option(0.85, "this engine's share of the GPU's memory "
+                                                  "(weights, activations, KV cache), as in vLLM")
+    max_model_len: int | None = _option(None, "longest prompt + output (None: the model's "
+                                              "context length)")
+    max_num_seqs: int = _option(256, "requests running at once")
+    max_num_batched_tokens: int = _option(2048, "tokens per step: prefill chunks, decodes, "
+                                                "drafts")
+    enable_prefix_caching: bool = _option(True, "share the KV blocks of common prompt prefixes")
+    max_waiting_requests: int = _option(4096, "requests in flight beyond which new ones are "
+                                              "refused as overloaded")
 
     # structured generation
-    jump_forward: bool = True  # forced text verified as drafts: same outputs, fewer passes
-    any_whitespace: bool = False  # False: compact JSON (bounded, long forced strings)
-    compile_timeout_s: float = 30.0
+    jump_forward: bool = _option(True, "verify the grammar's forced text as draft tokens: the "
+                                       "same outputs in fewer forward passes")
+    any_whitespace: bool = _option(False, "let JSON output hold any whitespace (default: "
+                                          "compact separators)")
+    compile_timeout_s: float = _option(30.0, "seconds a constraint may take to compile")
 
     # execution
-    cuda_graphs: bool = True  # False: eager forward passes (vLLM's --enforce-eager)
-    # overlapped scheduling: the host updates step t and prepares t+2 while the device runs
-    # t+1; None: on where the model runs on a GPU (on the CPU nothing runs alongside the host)
-    async_scheduling: bool | None = None
-    # the server logs what it is doing (requests, tokens a second, cache hits) this often
-    # while it has work; 0: never
-    log_stats_interval_s: float = 10.0
+    cuda_graphs: bool = _option(True, "replay decode and verify steps as CUDA graphs (off: "
+                                      "eager, as vLLM's --enforce-eager)")
+    async_scheduling: bool | None = _option(
+        None, "overlap the host's work for a step with the device's forward pass of the one "
+              "before (None: on where the model runs on a GPU)")
+    log_stats_interval_s: float = _option(10.0, "seconds between the server's progress logs "
+                                                "while it has work (0: never)")
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:

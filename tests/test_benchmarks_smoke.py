@@ -54,21 +54,3 @@ def test_checks():
 def test_markdown():
     table = workloads.markdown([{"a": 1.234, "b": None}], [("a", "A", "{:.1f}"), ("b", "B", "{}")])
     assert table.splitlines() == ["| A | B |", "|---|---|", "| 1.2 | - |"]
-
-
-def test_timeline_summary_splits_passes_and_counts_who_decodes(tmp_path):
-    import timeline_summary
-
-    def line(index, sent, ttft, latency, error=None):
-        return json.dumps({"label": "x", "load": "conc 2", "index": index, "sent": sent,
-                           "ttft": ttft, "latency": latency, "tokens": 3, "error": error})
-
-    path = tmp_path / "t.jsonl"
-    path.write_text("\n".join([line(0, 0.0, 0.5, 2.0), line(1, 0.0, 0.0, 0.1, "HTTP 400"),
-                               line(2, 0.1, 1.5, 1.6),  # the first pass
-                               line(0, 0.0, 0.1, 0.3)]) + "\n")  # a second pass, same load
-    first, second = timeline_summary.passes(path)
-    assert [r["index"] for r in first] == [0, 1, 2] and len(second) == 1
-    assert timeline_summary.occupancy(first, 0.05) == (2, 0)  # both sent, none past a token
-    assert timeline_summary.occupancy(first, 1.0) == (2, 1)  # one decoding, one waiting
-    assert timeline_summary.occupancy(first, 1.8) == (1, 1)  # the third ended at 1.7

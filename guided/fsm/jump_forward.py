@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from guided.engine.ngram import NgramIndex
 from guided.fsm.matcher import Matcher
+
+if TYPE_CHECKING:  # prompt lookup is the engine's; a walk only reads its index
+    from guided.engine.ngram import NgramIndex
 
 MAX_BOUNDARY_TOKENS = 4
 # bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's

@@ -9,9 +9,12 @@ process boundary as it is; the engine keeps the StepPlan it came from to read th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from guided.scheduler.sampling_rows import RowSource, SamplingRows, rows_for
-from guided.scheduler.scheduler import StepPlan
+
+if TYPE_CHECKING:  # the worker imports this module, never the scheduler's live side
+    from guided.scheduler.scheduler import StepPlan
 
 
 @dataclass(slots=True)

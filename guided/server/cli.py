@@ -30,15 +30,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = fro
     """Every EngineConfig field as --field-name (bools as --flag / --no-flag)."""
     group = parser.add_argument_group("engine options (EngineConfig)")
     group.add_argument("--model", default=None,
-                       help='"default" (embedded SmolLM2-135M-Instruct), an HF directory, a '
-                            ".gguf file, or synthetic:<shape>")
+                       help=EngineConfig.__dataclass_fields__["model"].metadata["help"])
     for f in dataclasses.fields(EngineConfig):
         if f.name in _OWN_FLAGS or f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
         type_text = str(f.type)
         optional = "None" in type_text
-        help_text = f"default: {f.default!r}"
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
         if "bool" in type_text:
             group.add_argument(flag, dest=f.name, default=None,
                                action=argparse.BooleanOptionalAction, help=help_text)
@@ -58,17 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients send (default: the model's own name)")
     serve.add_argument("--log-level", default="info",
-                       choices=["debug", "info", "warning", "error"])
+                       choices=["debug", "info", "warning", "error"],
+                       help="what the server logs (default: info)")
     serve.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
                        help="require `Authorization: Bearer <key>` on every route but /health "
                             "(default: $GUIDED_API_KEY; none: open)")
     serve.add_argument("--drain-timeout", type=float, default=10.0,
-                       help="seconds in-flight requests may finish at shutdown")
+                       help="seconds in-flight requests may finish at shutdown (default: 10)")
     serve.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                        help="run the engine in a process of its own, apart from the HTTP "
                             "server's event loop and its GIL (guided/serving/engine_process.py)")

@@ -37,7 +37,7 @@ def prompts(llm: LLM, n: int) -> list[list[int]]:
 
 def test_overlap_gives_the_same_outputs_as_synchronous_steps(pair):
     sync, overlap = pair
-    assert overlap.engine.overlap and not sync.engine.overlap
+    assert overlap.engine.depth == 1 and sync.engine.depth == 0
     first = sync.generate(prompts(sync, 5)[4], SamplingParams(temperature=0, max_tokens=16))[0]
     stop_word = first.text.split()[3]
     params = [SamplingParams(temperature=0, max_tokens=48, json_schema=PERSON),

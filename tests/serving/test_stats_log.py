@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from guided.outputs import EngineStats
-from guided.server.stats_log import (
+from guided.serving.stats_log import (
     CompileCounts,
     StatsLogger,
     busiest_threads,
