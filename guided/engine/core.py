@@ -33,8 +33,9 @@ from guided.scheduler.output import RowMap, build_output
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import ScheduledRequest, Scheduler, StepPlan
 from guided.worker import loader
+from guided.worker.executor import LocalExecutor
 from guided.worker.model_runner import ModelRunner, resolve_device
-from guided.worker.step_io import LaunchedStep, RunnerOutput, SampledStep
+from guided.worker.step_io import RunnerOutput, SampledStep
 from guided.worker.step_times import StepTimes
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class InFlight:
-    """A step between its launch and its update: the plan it ran, its row layout, and where
-    it stands on the device (launched, then sampled)."""
+    """A step between its launch and its update: the plan it ran, its row layout, and its
+    tokens once sampled (on their way to the host)."""
     plan: StepPlan
     rows: RowMap
     mask_rows: list[int]
-    launched: LaunchedStep
     sampled: SampledStep | None = None
 
 
@@ -71,6 +71,7 @@ class Engine:
         self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
                                   step_times=self.step_times)
         del state
+        self.executor = LocalExecutor(self.runner)
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
@@ -170,6 +171,7 @@ class Engine:
             # the steps in flight are lost: their requests go back to their committed tokens
             # (whose K/V are in the cache) and recompute from there
             self._launched = self._sampled = None
+            self.executor.forget()
             self.scheduler.forget_in_flight()
             raise
         with self.step_times.phase("outputs"):
@@ -202,22 +204,20 @@ class Engine:
             placeholders = {b: first[item.request.request_id]
                             + item.request.inflight.num_live_drafts
                             for b, item in enumerate(plan.scheduled) if item.placeholder}
-        with times.phase("prepare"):
+        with times.phase("build_output"):
             out, rows = build_output(plan, block_size=self.config.block_size,
                                      placeholders=placeholders)
-            inputs = self.runner.prepare(out)
-        launched = self.runner.launch(
-            inputs, None if previous is None else previous.sampled.token_ids)
+        self.executor.launch(out)
         self.scheduler.launched(plan)
-        return InFlight(plan, rows, out.mask_rows, launched)
+        return InFlight(plan, rows, out.mask_rows)
 
     def _sample(self, step: InFlight) -> InFlight:
         masks = None
         num_rows = max(step.mask_rows, default=-1) + 1
         if num_rows:
-            masks = fill_step_masks(step.plan, self.runner.new_bitmask(num_rows), step.mask_rows,
-                                    times=self.step_times)
-        step.sampled = self.runner.sample(step.launched, masks)
+            masks = fill_step_masks(step.plan, self.executor.new_bitmask(num_rows),
+                                    step.mask_rows, times=self.step_times)
+        step.sampled = self.executor.sample(masks)
         return step
 
     def _read_sampled(self) -> None:
@@ -356,7 +356,7 @@ class Engine:
     def shutdown(self) -> None:
         if self._compiler is not None:
             self._compiler.shutdown()
-        self.runner.shutdown()
+        self.executor.shutdown()
         thaw_heap()  # the engine's own cycles collectable again
 
 

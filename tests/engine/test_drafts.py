@@ -57,28 +57,3 @@ def test_payoff_that_gains_nothing_on_average_stays_off():
             payoff.note(gain)
     assert abs(payoff.mean_gain) < 0.2
     assert sum(allowed_in_steps(payoff, 40, 1)) < 40
-
-
-def test_a_new_ask_forgets_the_asks_of_a_failed_step():
-    """Asks sent to mask shards by a step that then failed are never waited for: the next ask
-    (the engine asks each step once drafts exist, even with nothing to propose) replaces them."""
-    from types import SimpleNamespace
-
-    from guided.config import EngineConfig
-    from guided.engine.drafts import DraftProposer
-    from guided.worker.step_times import StepTimes
-
-    class Pending:
-        def wait(self):
-            raise AssertionError("a failed step's drafts were waited for")
-
-    shards = SimpleNamespace(ask_drafts=lambda asks: ([], Pending()))
-    proposer = DraftProposer(EngineConfig(), None, [], max_model_len=64, max_draft_tokens=None,
-                             special_ids=frozenset(), overlap=True, shards=shards)
-    request = SimpleNamespace(is_finished=False, inflight=None, max_tokens=16,
-                              output_token_ids=[], num_tokens=4, num_inflight_samples=0,
-                              anchored_skip=0, lookup_skip=0)
-    times = StepTimes()
-    proposer.ask([request], num_running=1, times=times)  # the step fails before finish()
-    proposer.ask([], num_running=1, times=times)
-    proposer.finish(times)
