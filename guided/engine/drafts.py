@@ -32,6 +32,24 @@ MIN_ANCHOR_GAIN = 0.5
 
 
 @dataclass(slots=True)
+class DraftState:
+    """What the proposer keeps of one request: its tokens indexed for prompt lookup, and the
+    cool-downs after drafts that missed."""
+    ngram: NgramIndex | None = None
+    lookup_misses: int = 0  # lookup drafts rejected in a row
+    lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
+    # overlapped scheduling: a first draft rejected voids the step after it (see Scheduler)
+    anchored_misses: int = 0  # such rejections in a row
+    anchored_skip: int = 0  # proposals left without drafts (cool-down)
+
+
+def state_of(request: Request) -> DraftState:
+    if request.draft_state is None:
+        request.draft_state = DraftState()
+    return request.draft_state
+
+
+@dataclass(slots=True)
 class AnchorPayoff:
     """What anchored proposals gained lately, over all requests (whether the model writes the
     grammar's forced text in the tokens drafted is the model's trait): a running mean of the
@@ -105,13 +123,14 @@ class DraftProposer:
         request.draft_token_ids, request.draft_anchor, request.num_forced_drafts = [], None, 0
         if room <= 0:
             return None
-        if inflight is not None and not (self.overlap and request.anchored_skip) \
+        state = state_of(request)
+        if inflight is not None and not (self.overlap and state.anchored_skip) \
                 and not self.payoff.allows(num_running):
             return None  # anchored drafts do not pay now
         lookup_tokens = (LOOKUP_DRAFT_TOKENS if policy.drafts_lookup(
             num_running, max_batch=LOOKUP_MAX_BATCH) and self._lookup_ready(request) else 0)
-        if self.overlap and request.anchored_skip:
-            request.anchored_skip -= 1
+        if self.overlap and state.anchored_skip:
+            state.anchored_skip -= 1
             return None
         assumed = (None if inflight is None
                    else tuple(inflight.draft_token_ids[:inflight.num_live_drafts]))
@@ -122,10 +141,11 @@ class DraftProposer:
         try:
             lookup = None
             if ask.lookup_tokens:
-                if request.ngram is None:
-                    request.ngram = NgramIndex(self.special_ids)
-                request.ngram.sync(request.prompt_token_ids, request.output_token_ids)
-                lookup = request.ngram
+                state = state_of(request)
+                if state.ngram is None:
+                    state.ngram = NgramIndex(self.special_ids)
+                state.ngram.sync(request.prompt_token_ids, request.output_token_ids)
+                lookup = state.ngram
             result = make_drafts(self.encoder, self.token_bytes, request.matcher,
                                  request.output_token_ids, ask, lookup)
         except Exception:
@@ -135,8 +155,9 @@ class DraftProposer:
 
     def _lookup_ready(self, request: Request) -> bool:
         """Whether lookup guesses may be drafted (not while cooling down after misses)."""
-        if request.lookup_skip:
-            request.lookup_skip -= 1
+        state = state_of(request)
+        if state.lookup_skip:
+            state.lookup_skip -= 1
             return False
         return True
 
@@ -163,18 +184,20 @@ def note_verified(request: Request, item: ScheduledRequest, drafts: list[int],
         payoff.note(num_matched - voids_next)
     if len(drafts) > item.num_forced_drafts:  # lookup tokens were drafted
         if num_matched > item.num_forced_drafts:
-            request.lookup_misses = 0
+            state_of(request).lookup_misses = 0
         elif num_matched == item.num_forced_drafts:  # the first guess was wrong
             _lookup_missed(request)
     if drafts and request.inflight is not None and not request.is_finished:
         # the next step assumed them all: a first draft missed costs it (one token, two steps)
+        state = state_of(request)
         if num_matched:
-            request.anchored_misses = 0
+            state.anchored_misses = 0
         else:
-            request.anchored_misses += 1
-            request.anchored_skip = policy.lookup_cooldown(request.anchored_misses)
+            state.anchored_misses += 1
+            state.anchored_skip = policy.lookup_cooldown(state.anchored_misses)
 
 
 def _lookup_missed(request: Request) -> None:
-    request.lookup_misses += 1
-    request.lookup_skip = policy.lookup_cooldown(request.lookup_misses)
+    state = state_of(request)
+    state.lookup_misses += 1
+    state.lookup_skip = policy.lookup_cooldown(state.lookup_misses)

@@ -44,13 +44,9 @@ class Request:
     draft_anchor: int | None = None
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
-    ngram: Any = None  # the request's tokens indexed for prompt-lookup drafts (engine/ngram.py)
     num_forced_drafts: int = 0  # leading drafts that are forced text (the rest: lookup)
-    lookup_misses: int = 0  # lookup drafts rejected in a row
-    lookup_skip: int = 0  # proposals left without lookup (cool-down after misses)
-    # overlapped scheduling: a first draft rejected voids the step after it (see Scheduler)
-    anchored_misses: int = 0  # such rejections in a row
-    anchored_skip: int = 0  # proposals left without drafts (cool-down)
+    # what the draft proposer learnt of this request (engine/drafts.py DraftState)
+    draft_state: Any = None
     grammar_future: Future | None = None  # the compile of its constraint
     # the grammar's matcher (fsm/matcher.py), at the committed tokens: masks are filled and
     # drafts walked from it; the scheduler never looks inside

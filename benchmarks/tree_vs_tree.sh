@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU lease, two guided trees on the same requests: the redesign's no-slowdown check (issue 38).
+# Runs on the device from the repo root, after ../shared/device/vllm/ set the machine up
+# (`bash .dev/g/run.sh info setup` over its chunks: /tmp/site holds guided's wheels, /tmp/wl the
+# JSON workload, /tmp/art the default model's GGUF). OLD and NEW are source trees (`git archive`
+# of the two commits, unpacked), each measured with its own benchmarks/.
+#
+#   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
+#   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
+#
+# Prints one table row per tree and pass; rows go to $OUT/tree_vs_tree.jsonl too.
+set -uo pipefail
+OLD=${OLD:-.dev/g/old}
+NEW=${NEW:-.dev/g/src}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export GUIDED_DEFAULT_GGUF=${GUIDED_DEFAULT_GGUF:-/tmp/art/SmolLM2-135M-Instruct.Q4_1.gguf}
+WL=${WL:-/tmp/wl/json.jsonl}
+say() { echo "[$(date +%T)] $*" | tee -a "$OUT/tree_vs_tree.log"; }
+
+serve() {  # tree label
+  local tree=$1 label=$2
+  say "serve: $label ($tree)"
+  PYTHONPATH=$tree:/tmp/site timeout 420 python3 "$tree/benchmarks/serve.py" \
+    --launch "--model default" --workload "$WL" --num-requests 512 --concurrency 64,64 \
+    --max-tokens 256 --temperature 0 --label "$label" --json-out "$OUT/tree_vs_tree.jsonl" \
+    2>>"$OUT/serve-$label.err" | tee -a "$OUT/tree_vs_tree.log"
+}
+
+offline() {  # tree label concurrency
+  local tree=$1 label=$2 c=$3
+  say "offline: $label at $c ($tree)"
+  PYTHONPATH=$tree:/tmp/site timeout 560 python3 "$tree/benchmarks/engine_offline.py" \
+    --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
+    --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err" | tee -a "$OUT/tree_vs_tree.log"
+}
+
+case ${1:-serve} in
+  serve) serve "$OLD" old; serve "$NEW" new ;;
+  offline) offline "$OLD" old "${2:-64}"; offline "$NEW" new "${2:-64}" ;;
+  *) echo "usage: $0 serve | offline CONCURRENCY" >&2; exit 2 ;;
+esac
