@@ -13,8 +13,7 @@ import json
 import math
 from typing import Any
 
-from guided.errors import ConstraintError
-from guided.fsm.schema_merge import as_list, refuse, where
+from guided.fsm.schema_merge import Unsatisfiable, as_list, refuse, where
 
 # the arrays a uniqueItems is enumerated into, at most
 MAX_UNIQUE_ARRAYS = 512
@@ -37,7 +36,7 @@ def rewrite_contains(node: dict, pointer: str) -> None:
     if least == 0:
         return
     if contains is False or least > top:
-        raise ConstraintError(f"the contains at {where(pointer)} admits no array")
+        raise Unsatisfiable(f"the contains at {where(pointer)} admits no array")
     if "prefixItems" in node:
         raise refuse("contains", pointer, "contains beside prefixItems is not supported")
     items = node.get("items", True)
@@ -64,7 +63,7 @@ def rewrite_unique_items(node: dict, pointer: str) -> None:
     lengths = range(least, int(min(top, len(distinct))) + 1)
     count = sum(math.perm(len(distinct), n) for n in lengths)
     if count == 0:
-        raise ConstraintError(f"the uniqueItems at {where(pointer)} admits no array")
+        raise Unsatisfiable(f"the uniqueItems at {where(pointer)} admits no array")
     if count > MAX_UNIQUE_ARRAYS:
         raise refuse("uniqueItems", pointer, f"{count} unique arrays are too many to list "
                                              f"(at most {MAX_UNIQUE_ARRAYS})")

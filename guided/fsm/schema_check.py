@@ -23,8 +23,18 @@ from jsonschema.exceptions import SchemaError
 from guided.errors import ConstraintError
 from guided.fsm.schema_arrays import rewrite_contains, rewrite_unique_items
 from guided.fsm.schema_drafts import upgrade
-from guided.fsm.schema_refs import localize_refs
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
+from guided.fsm.schema_merge import (
+    ANNOTATIONS,
+    SchemaCombiner,
+    Unsatisfiable,
+    as_list,
+    json_text,
+    refuse,
+    validation_keys,
+    where,
+)
+from guided.fsm.schema_not import rewrite_not
 from guided.fsm.schema_numbers import bounded_multiples, rewrite_multiple_of
 from guided.fsm.schema_objects import (
     check_min_properties,
@@ -32,16 +42,7 @@ from guided.fsm.schema_objects import (
     rewrite_property_names,
     split_dependencies,
 )
-from guided.fsm.schema_merge import (
-    ANNOTATIONS,
-    SchemaCombiner,
-    as_list,
-    json_text,
-    refuse,
-    validation_keys,
-    values_of,
-    where,
-)
+from guided.fsm.schema_refs import localize_refs
 
 # The public names; FORMAT_PATTERNS and fix_optional_groups live in schema_formats but callers
 # import them from here.
@@ -60,7 +61,7 @@ ARRAY_KEYWORDS = frozenset({"items", "prefixItems", "minItems", "maxItems", "uni
 TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object": OBJECT_KEYWORDS,
                  "array": ARRAY_KEYWORDS}
 # Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
-IGNORED_BY_XGRAMMAR = ("not", "if", "then", "else", "dependencies", "unevaluatedProperties",
+IGNORED_BY_XGRAMMAR = ("if", "then", "else", "dependencies", "unevaluatedProperties",
                        "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
@@ -87,10 +88,6 @@ def check_schema(schema: Any) -> Any:
         at = "/" + "/".join(str(p) for p in e.absolute_path)
         raise ConstraintError(f"invalid JSON schema at {at}: {e.message}") from None
     return _Rewriter(schema).rewrite(schema, "")
-
-
-class Unsatisfiable(ConstraintError):
-    """A subschema no value satisfies."""
 
 
 class _Rewriter(SchemaCombiner):
@@ -143,6 +140,8 @@ class _Rewriter(SchemaCombiner):
                 return self._rewrite_union(node, kw, pointer)
         if "dependentRequired" in node or "dependentSchemas" in node:
             return self.rewrite(split_dependencies(node, pointer), pointer)
+        if "not" in node:
+            rewrite_not(node, pointer)
         _refuse_ignored(node, pointer)
         node = _infer_type(node, pointer)
         if isinstance(node.get("type"), list) and validation_keys(node, exclude=("type",)):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from typing import Any
 
@@ -14,6 +15,10 @@ ANNOTATIONS = frozenset({
     "writeOnly", "$schema", "$vocabulary",
     "$anchor", "nullable", "discriminator", "xml", "externalDocs", "markdownDescription",
 })
+
+
+class Unsatisfiable(ConstraintError):
+    """A subschema no value satisfies (an optional property with one is left out)."""
 
 
 def where(pointer: str) -> str:
@@ -235,13 +240,47 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
         both = [t for t in ta if t in tb or (t == "integer" and "number" in tb)]
         both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
         if not both:
-            raise ConstraintError(f"the {keyword} at {where(pointer)} combines disjoint types")
+            raise Unsatisfiable(f"the {keyword} at {where(pointer)} combines disjoint types")
         return both[0] if len(both) == 1 else both
     if key in ("$defs", "definitions"):
         return {**a, **b}
-    if key in ("items", "additionalProperties") and isinstance(a, dict) and isinstance(b, dict):
-        return {"allOf": [a, b]}
+    if key in ("items", "additionalProperties", "contains", "propertyNames", "not"):
+        return _merge_schemas(key, a, b)
+    if key == "enum":  # jsonschema's equality: 1 == 1.0, not true
+        return [v for v in a if any(_same_value(v, w) for w in b)]
+    if key == "const" and not _same_value(a, b):
+        raise Unsatisfiable(f"the {keyword} at {where(pointer)} combines different consts")
+    if key == "const":
+        return a
+    if key == "multipleOf" and all(isinstance(v, int) for v in (a, b)):
+        return math.lcm(a, b)
+    if key == "prefixItems" and len(a) == len(b):
+        return [{"allOf": [x, y]} for x, y in zip(a, b)]
+    if key == "uniqueItems":
+        return bool(a or b)
+    if key == "minContains":
+        return max(a, b)
+    if key == "maxContains":
+        return min(a, b)
     raise refuse(keyword, pointer, f"cannot combine two different '{key}' constraints")
+
+
+def _merge_schemas(key: str, a: Any, b: Any) -> Any:
+    """Two subschemas that must both hold (`false` absorbs, `true` gives way); two `not`s
+    refuse what either refuses."""
+    if key == "not":
+        return {"anyOf": [a, b]}
+    if a is False or b is False:
+        return False
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    return {"allOf": [a, b]}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return json_text(_normal_number(a)) == json_text(_normal_number(b))
 
 
 def validation_keys(node: dict, exclude: tuple = ()) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
+from guided.fsm.schema_merge import refuse
+
 _ROOT_URI = "urn:guided:root"
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas",
                 "dependencies")
@@ -22,13 +24,14 @@ MAX_DEPTH = 200
 
 def localize_refs(schema: Any) -> Any:
     """A copy of schema with its resolvable references local and its identifiers dropped (the
-    schema itself where it declares none)."""
+    schema itself where it declares none). Raises ConstraintError for a $ref whose target
+    depends on the draft."""
     if not isinstance(schema, dict) or not _declares_ids(schema):
         return schema
     id_key = "id" if "draft-04" in str(schema.get("$schema", "")) else "$id"
     index = _Index(id_key)
     index.scan(schema, _ROOT_URI, "", 0)
-    return index.rewrite(schema, _ROOT_URI, 0)
+    return index.rewrite(schema, _ROOT_URI, "", 0)
 
 
 def _declares_ids(schema: Any) -> bool:
@@ -62,23 +65,30 @@ class _Index:
         for child, at in _children(node, pointer):
             self.scan(child, base, at, depth + 1)
 
-    def rewrite(self, node: Any, base: str, depth: int) -> Any:
+    def rewrite(self, node: Any, outer: str, pointer: str, depth: int) -> Any:
         if not isinstance(node, dict) or depth > MAX_DEPTH:
             return node
-        base = self._base(node, base)
+        base = self._base(node, outer)
         out = {k: v for k, v in node.items()
                if not (k in (self.id_key, "$anchor") and isinstance(v, str))}
         if isinstance(out.get("$ref"), str):
             out["$ref"] = self._local(out["$ref"], base)
+            if out["$ref"] != self._local(node["$ref"], outer):
+                # draft 7 resolves a $ref against the outer base (a sibling $id is ignored),
+                # 2020-12 against the $id: where the two disagree, neither is safe
+                raise refuse("$ref", pointer, "beside an $id, drafts disagree on what it "
+                                              "refers to")
         for key in _SCHEMA_MAPS:
             if isinstance(out.get(key), dict):
-                out[key] = {k: self.rewrite(v, base, depth + 1) for k, v in out[key].items()}
+                out[key] = {k: self.rewrite(v, base, f"{pointer}/{key}/{_escape(k)}", depth + 1)
+                            for k, v in out[key].items()}
         for key in _SCHEMA_LISTS:
             if isinstance(out.get(key), list):
-                out[key] = [self.rewrite(v, base, depth + 1) for v in out[key]]
+                out[key] = [self.rewrite(v, base, f"{pointer}/{key}/{i}", depth + 1)
+                            for i, v in enumerate(out[key])]
         for key in _SCHEMAS:
             if isinstance(out.get(key), dict):
-                out[key] = self.rewrite(out[key], base, depth + 1)
+                out[key] = self.rewrite(out[key], base, f"{pointer}/{key}", depth + 1)
         return out
 
     def _local(self, ref: str, base: str) -> str:

@@ -9,7 +9,7 @@ from guided.fsm.schema_check import FORMAT_PATTERNS, check_schema
 @pytest.mark.parametrize("schema, keyword, pointer", [
     ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
      "uniqueItems", "/properties/tags"),
-    ({"not": {"type": "string"}}, "not", "/"),
+    ({"not": {"type": "string", "minLength": 3}}, "not", "/"),
     ({"properties": {"a": {"if": {"type": "integer"}, "then": {"minimum": 1}}}}, "if",
      "/properties/a"),
     ({"type": "object", "additionalProperties": {"type": "string"},

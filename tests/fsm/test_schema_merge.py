@@ -44,3 +44,22 @@ def test_one_of_made_exclusive_by_a_discriminating_property():
 def test_one_of_refused_where_branches_may_overlap(schema):
     with pytest.raises(ConstraintError, match="oneOf"):
         check_schema(schema)
+
+
+def test_all_of_merges_enums_multiples_tuples_and_closed_objects():
+    oracle = Oracle({"allOf": [{"enum": ["a", "b", 1]}, {"enum": ["b", 1.0, "c"]}]})
+    oracle.assert_judges(valid=["b", 1], invalid=["a", "c"])
+    oracle = Oracle({"allOf": [{"type": "integer", "multipleOf": 4}, {"multipleOf": 6}]})
+    oracle.assert_judges(valid=[12, 24], invalid=[8, 18])
+    oracle = Oracle({"type": "array", "allOf": [
+        {"prefixItems": [{"type": "integer"}, {"type": "string"}]},
+        {"prefixItems": [{"minimum": 3}, {"maxLength": 2}]}]})
+    oracle.assert_judges(valid=[[3, "ab"], [4]], invalid=[[2, "a"], [3, "abc"]])
+    oracle.assert_sound()
+    oracle = Oracle({"allOf": [
+        {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False},
+        {"properties": {"a": {"type": "integer"}}, "required": ["a"],
+         "additionalProperties": True}]})
+    oracle.assert_judges(valid=[{"a": 1}, {"a": 1, "b": None}], invalid=[{"a": "x"}, {}])
+    with pytest.raises(ConstraintError, match="allOf"):  # two patterns: no intersection
+        check_schema({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]})

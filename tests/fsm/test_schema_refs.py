@@ -12,7 +12,7 @@ def test_embedded_resources_and_anchors_become_pointers():
     schema = {"$id": "http://example.com/root.json",
               "$defs": {"a": {"$id": "int.json", "type": "integer"},
                         "b": {"$id": "urn:uuid:1234", "$defs": {"c": {"type": "string"}},
-                              "$ref": "#/$defs/c"},
+                              "properties": {"c": {"$ref": "#/$defs/c"}}, "type": "string"},
                         "d": {"$anchor": "named", "type": "boolean"},
                         "e": {"$id": "#old-anchor", "type": "null"}},
               "properties": {"i": {"$ref": "int.json"}, "s": {"$ref": "urn:uuid:1234"},
@@ -23,7 +23,8 @@ def test_embedded_resources_and_anchors_become_pointers():
     refs = {k: v["$ref"] for k, v in out["properties"].items()}
     assert refs == {"i": "#/$defs/a", "s": "#/$defs/b", "t": "#/$defs/b/$defs/c",
                     "n": "#/$defs/d", "o": "#/$defs/e", "r": "#/$defs/a"}
-    assert out["$defs"]["b"]["$ref"] == "#/$defs/b/$defs/c"  # relative to its own resource
+    # relative to its own resource
+    assert out["$defs"]["b"]["properties"]["c"]["$ref"] == "#/$defs/b/$defs/c"
     assert "$id" not in str(out)
     # jsonschema reads 2020-12, where "$id": "#name" is no anchor: judged without it
     del schema["$defs"]["e"], schema["properties"]["o"]
@@ -50,3 +51,11 @@ def test_draft4_ids_and_recursion():
 def test_references_to_documents_not_embedded_are_refused():
     with pytest.raises(ConstraintError, match=r"\$ref"):
         check_schema({"$id": "http://example.com/a", "$ref": "other.json"})
+
+
+def test_a_ref_beside_an_id_is_refused_drafts_disagree_on_its_base():
+    with pytest.raises(ConstraintError, match=r"\$ref"):
+        check_schema({"$id": "http://x.com/base/",
+                      "definitions": {"a": {"$id": "http://x.com/foo.json", "type": "string"},
+                                      "b": {"$id": "foo.json", "type": "number"}},
+                      "allOf": [{"$id": "http://x.com/", "$ref": "foo.json"}]})
