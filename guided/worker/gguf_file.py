@@ -33,9 +33,9 @@ def _unpermute_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 def hf_name(gguf_name: str) -> str | None:
     """The HF checkpoint name of a GGUF tensor (None: not a weight the model has)."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk":
+    if parts[0] == "blk" and parts[2] in _GGUF_NAMES:
         return f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
-    return _TOP_NAMES.get(gguf_name)
+    return _TOP_NAMES.get(gguf_name)  # None for e.g. llama 3's rope_freqs: rope is recomputed
 
 
 def gguf_config(reader, path: Path) -> ModelConfig:
@@ -108,7 +108,7 @@ class GgufReader:
         self._reader = gguf.GGUFReader(str(path))
         self.config = gguf_config(self._reader, path)
         self._arch = self._reader.fields["general.architecture"].contents()
-        self._tensors = {hf_name(t.name): t for t in self._reader.tensors}
+        self._tensors = {hf_name(t.name): t for t in self._reader.tensors if hf_name(t.name)}
 
     def read_into(self, piece: Piece, out: torch.Tensor) -> None:
         from gguf.quants import dequantize

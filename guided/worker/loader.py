@@ -182,13 +182,17 @@ class SafetensorsReader:
 
 
 def weight_reader(model: str, seed: int = 0) -> WeightReader:
-    """Where a rank reads its slices of `model` from: a .gguf file itself (gguf_file.GgufReader:
-    its rows dequantized a chunk at a time), the safetensors files of a directory (the default
-    model's are converted from its GGUF once, whole: 135M parameters), or random numbers
-    generated on the rank's device for synthetic shapes."""
+    """Where a rank reads its slices of `model` from: the safetensors files of a directory (the
+    default model's are converted from its GGUF once, whole: 135M parameters), a .gguf file
+    itself (gguf_file.GgufReader: its rows dequantized a chunk at a time) unless a whole-model
+    start converted it already, or random numbers generated on the rank's device for
+    synthetic shapes."""
     if model.startswith("synthetic:"):
         return RandomWeights(seed)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return GgufReader(path)
+        converted = resolve_model_dir(model, need_weights=False)
+        if not (converted / "model.safetensors").is_file():
+            return GgufReader(path)
+        return SafetensorsReader(converted)
     return SafetensorsReader(resolve_model_dir(model))

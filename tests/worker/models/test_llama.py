@@ -13,7 +13,7 @@ from tp_ranks import run_ranks
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.distributed import SINGLE, ParallelContext, rank_device
 from guided.worker.loader import (default_gguf_path, load_model_config, load_tokenizer,
-                                  weight_reader)
+                                  resolve_model_dir, weight_reader)
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig
 from guided.worker.models.llama import LlamaForCausalLM, build_model
 
@@ -71,24 +71,26 @@ def _run_model(ctx: ParallelContext, model_name: str, prompts: list[list[int]],
                device_type: str = "cpu") -> dict:
     cfg = load_model_config(model_name)
     device = rank_device(device_type)  # cuda:LOCAL_RANK (0 outside the ranks), or the CPU
-    model = build_model(cfg, weight_reader(model_name), device=device, dtype=F32, ctx=ctx)
+    reader = weight_reader(model_name)
+    model = build_model(cfg, reader, device=device, dtype=F32, ctx=ctx)
     logits, tokens = greedy(model, prompts, NUM_STEPS)
     return {"logits": logits, "tokens": tokens, "kv_heads": model.layout.kv_heads,
+            "reader": type(reader).__name__,
             "num_params": sum(p.numel() for p in model.parameters()),
             "qkv_rows": model.layers[0].self_attn.qkv_proj.weight.shape[0]}
 
 
 def assert_same_as_one_rank(model_name: str, prompts: list[list[int]],
-                            sharded_name: str | None = None, device_type: str = "cpu"
-                            ) -> list[dict]:
-    """sharded_name: the same weights from another source, for the ranks."""
+                            device_type: str = "cpu") -> None:
     whole = _run_model(SINGLE, model_name, prompts, device_type)
-    ranks = run_ranks(_run_model, 2, sharded_name or model_name, prompts, device_type,
-                      device_type=device_type)
+    assert_same_outputs(whole, run_ranks(_run_model, 2, model_name, prompts, device_type,
+                                         device_type=device_type))
+
+
+def assert_same_outputs(whole: dict, ranks: list[dict]) -> None:
     for out in ranks:
         torch.testing.assert_close(out["logits"], whole["logits"], rtol=1e-4, atol=1e-4)
         assert out["tokens"] == whole["tokens"]
-    return [whole, *ranks]
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +99,15 @@ def prompt_ids() -> list[list[int]]:
     return [tokenizer.encode(p) for p in PROMPTS]
 
 
-def test_default_model_on_two_ranks_equals_one_rank(prompt_ids):
-    # the ranks read their slices from the GGUF itself; the whole model its safetensors
-    gguf = str(default_gguf_path())
-    whole, *ranks = assert_same_as_one_rank("default", prompt_ids, sharded_name=gguf)
+def test_default_model_on_two_ranks_equals_one_rank(prompt_ids, tmp_path, monkeypatch):
+    whole = _run_model(SINGLE, "default", prompt_ids)  # from its converted safetensors
+    # the ranks read their slices from the GGUF itself: their cache holds no converted weights
+    monkeypatch.setenv("GUIDED_CACHE_DIR", str(tmp_path))
+    resolve_model_dir(str(default_gguf_path()), need_weights=False)  # config, tokenizer: once
+    ranks = run_ranks(_run_model, 2, str(default_gguf_path()), prompt_ids)
+    assert [out["reader"] for out in [whole, *ranks]] == [
+        "SafetensorsReader", "GgufReader", "GgufReader"]
+    assert_same_outputs(whole, ranks)
     cfg = load_model_config("default")  # 3 KV heads: 2 on rank 0, 1 on rank 1
     assert [out["kv_heads"] for out in ranks] == [range(0, 2), range(2, 3)]
     group_rows = (cfg.num_heads // cfg.num_kv_heads + 2) * cfg.head_dim  # a KV group's q, k, v
