@@ -18,7 +18,7 @@ def whole():
     return read_gguf_weights(default_gguf_path())
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2])  # 2: uneven heads, halved vocab
 def test_slices_equal_the_whole_conversions(whole, world_size, monkeypatch):
     # chunks of 200 rows: column slices cross several, and q/k chunks round down to whole heads
     monkeypatch.setattr(gguf_file, "CHUNK_ROWS", 200)
