@@ -30,3 +30,41 @@ def test_constraint_errors_are_printed_and_exit_non_zero(args, words):
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.startswith("guided generate: ") and words in out.stderr, out.stderr
     assert "nanobind" not in out.stderr
+
+
+@pytest.mark.slow
+def test_choice_stays_in_the_list_as_the_cli_runs_it():
+    """`guided generate --prompt "Is the sky blue?" --chat --choice yes,no` once printed `No`
+    (2 of 19 runs). The CLI's path (LLM.chat, greedy, a grammar compiled cold) many times, with
+    compile delays drawn at random (a loaded CPU's timing); every output one of the choices."""
+    import random
+    import time
+
+    from guided.fsm.backends import outlines_backend
+    from guided.llm import LLM
+    from guided.params import SamplingParams
+
+    out = generate("--chat", "--choice", "yes,no")
+    assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out
+    compile_choice = outlines_backend.OutlinesBackend.compile_choice
+    rng = random.Random(0)
+
+    def late_compile(self, choices):
+        time.sleep(rng.choice([0.0, 0.0, 0.01, 0.05, 0.2]))
+        return compile_choice(self, choices)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(outlines_backend.OutlinesBackend, "compile_choice", late_compile)
+    try:
+        llm = LLM()
+        texts = []
+        for _ in range(20):
+            llm.engine.compiler._cache.clear()  # cold, as in a fresh `guided generate`
+            [result] = llm.chat([[{"role": "user", "content": "Is the sky blue?"}]],
+                                SamplingParams(choice=["yes", "no"], temperature=0,
+                                               max_tokens=128))
+            texts.append((result.text, result.finish_reason))
+        llm.engine.shutdown()
+    finally:
+        mp.undo()
+    assert {t for t, _ in texts} <= {"yes", "no"} and {r for _, r in texts} == {"stop"}, texts
