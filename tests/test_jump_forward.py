@@ -273,3 +273,28 @@ def test_cached_encoder_equals_the_tokenizer(llm_on):
     first = enc.encode("abc")
     first.append(-1)  # callers may change what they get
     assert enc.encode("abc") == tok.encode("abc", add_special_tokens=False)
+
+
+FREE_FORM = [  # free-form maps and any-values: issue 42 saw on / off differ on the first
+    {"type": "object", "properties": {
+        "method": {"enum": ["GET", "POST", "PUT"]}, "url": {"type": "string", "maxLength": 40},
+        "headers": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 20},
+                    "maxProperties": 3}},
+     "required": ["method", "url", "headers"], "additionalProperties": False},
+    {"type": "object", "properties": {"id": {"type": "integer"}, "meta": {"type": "object"}},
+     "required": ["id", "meta"]},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+]
+
+
+@pytest.mark.parametrize("schema", FREE_FORM, ids=["http_headers", "any_object", "int_map"])
+def test_on_equals_off_on_free_form_maps(llm_on, llm_off, schema):
+    from jsonschema import Draft202012Validator
+
+    prompt = chat(llm_on, "Write an HTTP request to fetch the example.com homepage, as JSON.")
+    on = llm_on.generate(prompt, greedy(schema, max_tokens=96))[0]
+    off = llm_off.generate(prompt, greedy(schema, max_tokens=96))[0]
+    assert on.finish_reason == off.finish_reason and on.token_ids == off.token_ids, (on.text,
+                                                                                     off.text)
+    if on.finish_reason == "stop":
+        assert not list(Draft202012Validator(schema).iter_errors(json.loads(on.text)))

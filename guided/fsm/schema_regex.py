@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 
+from outlines_core import json_schema as outlines_json
 from outlines_core.json_schema import build_regex_from_schema
 
 from guided.errors import ConstraintError
@@ -61,12 +62,35 @@ def schema_regex(schema: dict) -> str:
         raise NotRegular(f"outlines-core: {str(e)[:200]}") from None
     regex = (regex.replace(_WS + ":" + _WS, ": ").replace(_WS + "," + _WS, ", ")
              .replace("," + _WS, ", ").replace(_WS, ""))
+    regex = _xgrammar_values(regex)
     for placeholder, integers in ranges.items():
         if regex.count(f'"{placeholder}"') < 1:
             raise NotRegular("an integer range was not written where expected")
         regex = regex.replace(f'"{placeholder}"', integers)
     if len(regex) > MAX_REGEX_CHARS:
         raise NotRegular(f"its regex has {len(regex)} characters (limit {MAX_REGEX_CHARS})")
+    return regex
+
+
+# outlines-core's value regexes -> xgrammar's JSON grammar's (any_whitespace off), so that the
+# DFA and xgrammar admit the same strings: a request's output must not depend on which backend
+# (or cache state: xgrammar serves a large schema while its DFA builds) served it
+_XGRAMMAR_NUMBER = r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-]?[0-9]+)?"  # e5 as well as e+5
+_XGRAMMAR_INTEGER = r"(0|-?[1-9][0-9]*)"  # no -0
+# \u escapes and U+007F-U+009F raw, as JSON (and xgrammar) allow
+_XGRAMMAR_STRING = r'"([^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u[0-9A-Fa-f]{4})*"'
+_NUMBER_MARK = "\0GUIDEDNUMBER\0"
+
+
+def _xgrammar_values(regex: str) -> str:
+    """outlines-core's numbers, integers and strings written as xgrammar admits them; a string
+    regex of another shape (not expected here) keeps the schema on xgrammar."""
+    regex = regex.replace(outlines_json.NUMBER, _NUMBER_MARK)  # it holds the integer's text
+    regex = regex.replace(outlines_json.INTEGER, _XGRAMMAR_INTEGER)
+    regex = regex.replace(_NUMBER_MARK, _XGRAMMAR_NUMBER)
+    regex = regex.replace(outlines_json.STRING, _XGRAMMAR_STRING)
+    if "\\x7F-\\x9F" in regex:
+        raise NotRegular("a string regex outlines-core wrote in a form not aligned with xgrammar")
     return regex
 
 
@@ -175,6 +199,19 @@ def _integer_placeholder(node: dict, ranges: dict[str, str]) -> dict | None:
     return {"const": placeholder}
 
 
+def _open_ended(node: dict) -> str | None:
+    """What of a subschema admits any JSON value inside it (an object of any properties, an
+    array of any items), which outlines-core writes only a few levels deep."""
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    if "object" in types and ("properties" not in node
+                              or node.get("additionalProperties") is True):
+        return "an object of any properties"
+    if "array" in types and not isinstance(node.get("items"), (dict, bool)):
+        return "an array of any items"
+    return None
+
+
 class _ExactCheck:
     """Walks every subschema the regex is built from, the targets of local $refs included
     (wherever they live: a rewriter leaves refs into unusual places as they are)."""
@@ -205,6 +242,10 @@ class _ExactCheck:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict) and not properties:
             raise NotRegular(f"additionalProperties schema without properties at {pointer or '/'}")
+        open_ended = _open_ended(node)
+        if open_ended:
+            # outlines-core nests any-values 3 deep, xgrammar without a limit: not one language
+            raise NotRegular(f"{open_ended} at {pointer or '/'}")
         if not set(node.get("required", ())) <= set(properties):
             raise NotRegular(f"required names a property not declared at {pointer or '/'}")
         if "$ref" in node:

@@ -59,6 +59,7 @@ def test_random_walks_end_in_valid_instances(schema, vocab, dfa_vocab):
     bitmask = torch.zeros((1, words), dtype=torch.int32)
     reference = torch.zeros(words, dtype=torch.int32)
     eos = vocab.eos_token_ids[0]
+    quote = vocab.token_bytes.index(b'"')
     for walk in range(12):
         matcher, guide, out = DfaMatcher(dfa, vocab), oc.Guide(dfa.index), b""
         for step in range(400):
@@ -70,6 +71,8 @@ def test_random_walks_end_in_valid_instances(schema, vocab, dfa_vocab):
             # end as soon as allowed after a while; short tokens keep strings short
             if eos in ids and (len(ids) == 1 or step > 20 or rng.random() < 0.3):
                 token = eos
+            elif step > 20 and quote in ids and rng.random() < 0.3:
+                token = quote  # a free string ends after a while too (random tokens rarely end it)
             else:
                 ids = [i for i in ids if i != eos]
                 token = min(rng.sample(ids, min(8, len(ids))),

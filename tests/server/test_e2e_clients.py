@@ -148,3 +148,50 @@ def test_sampling_controls_not_applied_yet_are_refused(client, kw, param):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        max_tokens=4, **kw)
     assert e.value.body["param"] == param
+
+
+# ---- one language per constraint ------------------------------------------------------------
+
+COLD_WARM = [
+    {"type": "object", "properties": {
+        "city": {"type": "string"}, "population": {"type": "integer"},
+        "area_km2": {"type": "number"}, "capital": {"type": "boolean"},
+        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+     "required": ["city", "population", "area_km2", "capital", "languages"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {
+        "method": {"enum": ["GET", "POST"]}, "headers": {
+            "type": "object", "additionalProperties": {"type": "string", "maxLength": 24},
+            "maxProperties": 3}}, "required": ["method", "headers"]},
+]
+
+
+@pytest.fixture(scope="module")
+def upgrading_client(launch_server):
+    """A server where every new regular schema is served by xgrammar while its token-level DFA
+    builds, and by the DFA once built (a GPU host's default): the cache state picks the
+    backend."""
+    url, _ = launch_server("--dfa-max-wait-size", "0", name="upgrading")
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.mark.parametrize("schema", COLD_WARM, ids=["city", "http_headers"])
+def test_same_output_cold_and_warm(upgrading_client, schema):
+    """The same greedy request on a schema's first request (cold) and later ones (warm) gives
+    the same output: every backend that may serve it enforces the same language."""
+    import time
+
+    def ask():
+        r = upgrading_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+            temperature=0, max_tokens=80, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        return r.choices[0]
+
+    cold = ask()
+    time.sleep(3)  # the DFA's build (well under a second for these) is done
+    warm = [ask() for _ in range(2)]
+    for choice in (cold, *warm):
+        assert choice.message.content == cold.message.content, (cold, choice)
+    if cold.finish_reason == "stop":
+        jsonschema.validate(json.loads(cold.message.content), schema)
