@@ -5,7 +5,9 @@ call a message down a pipe, each answer and step's outputs a message back.
 A reader thread takes the engine's messages: it rebuilds each step's outputs from their deltas
 (guided/serving/output_wire.py) and hands the batch to the event loop in one call, as AsyncEngine's
 engine thread does. If the engine process dies, every open request ends with an error and
-every waiting call fails; /health then reports it.
+every waiting call fails; /health reports it and a fresh engine process is started in its place.
+A watchdog pings the engine thread every second (answered between steps): one silent for
+UNRESPONSIVE_S is reported by /health, and past HUNG_S killed and replaced.
 """
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ from guided.serving.output_wire import Received, decode
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
 
 logger = logging.getLogger(__name__)
+
+PING_INTERVAL_S = 1.0
+# an engine thread that has not answered a ping for this long is reported unhealthy (/health
+# 503); past HUNG_S it is killed and restarted. A step never takes seconds on its own: a prefill
+# chunk is bounded by max_num_batched_tokens, compiles run off the step loop
+UNRESPONSIVE_S = 5.0
+HUNG_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,17 +62,10 @@ class EngineClient:
                  on_finished: Callable[[RequestOutput], None] | None = None,
                  start_timeout_s: float = 1800.0):
         self.on_finished = on_finished  # called on the reader thread for each finished output
-        context = multiprocessing.get_context("spawn")  # CUDA is never forked
-        commands_in, self._commands = context.Pipe(duplex=False)
-        self._events, events_out = context.Pipe(duplex=False)
-        self._process = context.Process(target=main, name="guided-engine", daemon=True,
-                                        args=(config, commands_in, events_out, log_level))
-        self._process.start()
-        commands_in.close()  # the engine's ends: an exit of the engine is EOF here
-        events_out.close()
-        self.engine = self._wait_ready(start_timeout_s)
-        self._stats = self.engine.initial_stats
+        self._config, self._log_level, self._start_timeout_s = config, log_level, start_timeout_s
         self._send_lock = threading.Lock()
+        self.engine = self._start_engine()
+        self._stats = self.engine.initial_stats
         self._streams: dict[str, RequestStream] = {}
         self._received: dict[str, Received] = {}  # reader thread only
         self._last: dict[str, RequestOutput] = {}  # reader thread only: for a died engine's finals
@@ -76,8 +78,25 @@ class EngineClient:
         self.compile_queries = 0
         self.compile_hits = 0
         self.compiles_pending = 0
+        self.restarts = 0  # engine processes replaced after they died or hung
+        self._last_pong = time.monotonic()  # the engine thread's last answer to a ping
         self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
         self._reader.start()
+        threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
+
+    def _start_engine(self) -> EngineInfo:
+        """A fresh engine process, loaded (its pipes replace the old ones)."""
+        context = multiprocessing.get_context("spawn")  # CUDA is never forked
+        commands_in, commands = context.Pipe(duplex=False)
+        events, events_out = context.Pipe(duplex=False)
+        process = context.Process(target=main, name="guided-engine", daemon=True,
+                                  args=(self._config, commands_in, events_out, self._log_level))
+        process.start()
+        commands_in.close()  # the engine's ends: an exit of the engine is EOF here
+        events_out.close()
+        with self._send_lock:
+            self._process, self._commands, self._events = process, commands, events
+        return self._wait_ready(self._start_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> EngineInfo:
         deadline = time.monotonic() + timeout_s
@@ -100,7 +119,10 @@ class EngineClient:
 
     @property
     def is_running(self) -> bool:
-        return self._alive and self._process.is_alive()
+        """Alive and answering: an engine thread silent for UNRESPONSIVE_S (a step that does
+        not end) is reported at once, and replaced after HUNG_S."""
+        return (self._alive and self._process.is_alive()
+                and time.monotonic() - self._last_pong < UNRESPONSIVE_S)
 
     def stats(self) -> EngineStats:
         """The engine's stats as of its last message (never waits for the engine)."""
@@ -125,8 +147,10 @@ class EngineClient:
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           *, arrival_time: float | None = None) -> RequestStream:
         """As AsyncEngine.add_request: errors before any output, a stream after."""
-        if not self._accepting or not self.is_running:
+        if not self._accepting:
             raise OverloadedError("the engine is shutting down")
+        if not self.is_running:
+            raise OverloadedError("the engine is not running (it is being restarted)")
         arrival_time = time.time() if arrival_time is None else arrival_time
         if params.constraint is not None:
             await self.compile(params.constraint)
@@ -182,7 +206,7 @@ class EngineClient:
             try:
                 self._commands.send(message)
             except (OSError, ValueError) as e:
-                if message[0] not in ("abort", "stop", "uncompile"):
+                if message[0] not in ("abort", "stop", "uncompile", "ping"):
                     raise OverloadedError("the engine process is not running") from e
 
     # ---- reader thread ---------------------------------------------------------------------
@@ -221,6 +245,8 @@ class EngineClient:
             self.compile_hits += hit
             if future is not None:
                 _resolve(future, error_from(error))
+        elif kind == "pong":
+            self._last_pong = time.monotonic()
         elif kind == "stopped":
             return False
         return True
@@ -271,3 +297,46 @@ class EngineClient:
                        for request_id, stream in streams.items()])
         if self._stopped is not None:
             _resolve(self._stopped, None)
+        elif died and self._accepting:
+            self._restart()
+
+    # ---- supervision -----------------------------------------------------------------------
+
+    def _restart(self) -> None:
+        """A fresh engine process in place of a dead one (this thread: the old reader's, which
+        ends here); tried until one starts or the server stops."""
+        self._stats = self.engine.initial_stats  # nothing runs: /metrics says so
+        for attempt in itertools.count(1):
+            if not self._accepting:
+                return
+            try:
+                self.engine = self._start_engine()
+                break
+            except Exception:
+                logger.exception("restarting the engine failed (attempt %d)", attempt)
+                time.sleep(min(30.0, 2.0 * attempt))
+        self._stats = self.engine.initial_stats
+        self._received.clear()
+        self._last.clear()
+        self.restarts += 1
+        self._last_pong = time.monotonic()
+        self._alive = True
+        logger.warning("the engine process was restarted (%d restart(s) so far)", self.restarts)
+        self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
+        self._reader.start()
+
+    def _watch(self) -> None:
+        """Ping the engine thread every PING_INTERVAL_S; one silent past HUNG_S is killed (its
+        reader then restarts it)."""
+        while self._stopped is None:
+            time.sleep(PING_INTERVAL_S)
+            if not self._alive:
+                continue
+            try:
+                self._send(("ping",))
+            except OverloadedError:
+                continue
+            silent = time.monotonic() - self._last_pong
+            if silent > HUNG_S and self._process.is_alive():
+                logger.error("the engine has not answered for %.0f s: killing it", silent)
+                self._process.kill()

@@ -65,6 +65,11 @@ def error_from(message: tuple | None) -> BaseException | None:
 
 
 @dataclass(slots=True)
+class _Ping:
+    """The server's watchdog asks whether the engine thread still turns."""
+
+
+@dataclass(slots=True)
 class _Handle:
     """A request's stand-in for AsyncEngine's RequestStream in this process."""
     request_id: str
@@ -124,6 +129,8 @@ class ProcessSideEngine(AsyncEngine):
             self._commands.put(_Abort(command[1]))
         elif kind == "compile":
             self._compile(*command[1:])
+        elif kind == "ping":  # answered by the engine thread, between steps: a liveness proof
+            self._commands.put(_Ping())
         elif kind == "uncompile":  # the server gave up on it (client gone, timed out)
             ticket = self._tickets.pop(command[1], None)
             if ticket is not None:
@@ -131,6 +138,12 @@ class ProcessSideEngine(AsyncEngine):
         elif kind == "stop":
             self._accepting = False
             self._commands.put(_Stop(time.monotonic() + command[1]))
+
+    def _handle(self, command) -> None:
+        if isinstance(command, _Ping):
+            self._send(("pong",))
+        else:
+            super()._handle(command)
 
     def _compile(self, compile_id: int, spec) -> None:
         future = self.engine.compiler.submit(spec)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import jsonschema
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from guided.config import EngineConfig
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
 from guided.params import SamplingParams
+from guided.serving import client as client_module
 from guided.serving.client import EngineClient
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -93,21 +95,61 @@ def test_an_abort_ends_the_stream_early(client):
     assert client.stats().num_running == 0
 
 
-def test_a_dead_engine_fails_its_requests_and_refuses_new_ones():
+async def _until(condition, timeout_s: float) -> float:
+    """Seconds until condition() held (polled every 0.1 s); fails past timeout_s."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_a_killed_engine_fails_its_requests_and_is_replaced():
     engine = EngineClient(_config(), log_level="error")
 
     async def main():
         stream = await engine.add_request("r", "Tell a long story.",
                                           SamplingParams(max_tokens=2000, ignore_eos=True))
-        os.kill(engine._process.pid, signal.SIGKILL)
+        old_pid = engine._process.pid
+        os.kill(old_pid, signal.SIGKILL)
         outs = [out async for out in stream]
         assert outs[-1].finished and outs[-1].finish_reason == "error"
         assert not engine.is_running
-        with pytest.raises(OverloadedError):
+        with pytest.raises(OverloadedError, match="restarted"):
             await engine.add_request("s", "hi", SamplingParams(max_tokens=2))
+        await _until(lambda: engine.is_running, 240)
+        assert engine._process.pid != old_pid and engine.restarts == 1
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.kv_blocks_in_use == 0  # honest after it
+        outs = await _collect(engine, "t", "hi", max_tokens=3, temperature=0)
+        assert outs[-1].finish_reason == "length"
         await engine.shutdown(drain_timeout=0)
 
-    asyncio.run(asyncio.wait_for(main(), 120))
+    asyncio.run(asyncio.wait_for(main(), 300))
+
+
+def test_a_hung_engine_is_reported_at_once_then_killed_and_replaced(monkeypatch):
+    monkeypatch.setattr(client_module, "HUNG_S", 4.0)
+    engine = EngineClient(_config(), log_level="error")
+
+    async def main():
+        await _until(lambda: engine.is_running, 10)
+        old_pid = engine._process.pid
+        os.kill(old_pid, signal.SIGSTOP)  # a step that never ends, as far as anyone can tell
+        try:
+            reported = await _until(lambda: not engine.is_running, 10)
+            assert reported <= client_module.UNRESPONSIVE_S + 2 * client_module.PING_INTERVAL_S
+            await _until(lambda: engine.restarts == 1 and engine.is_running, 240)
+        finally:
+            try:
+                os.kill(old_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        outs = await _collect(engine, "t", "hi", max_tokens=3, temperature=0)
+        assert outs[-1].finish_reason == "length"
+        await engine.shutdown(drain_timeout=0)
+
+    asyncio.run(asyncio.wait_for(main(), 300))
 
 
 def test_shutdown_lets_running_requests_finish():
