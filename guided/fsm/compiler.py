@@ -31,6 +31,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 
 from guided.errors import CompileTimeoutError, ConstraintError
+from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.settings import CompileSettings
@@ -256,6 +257,8 @@ class GrammarCompiler:
                 self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
                                       label="json_schema DFA")
             recipe = xg.recipe("json_schema", json.dumps(schema))
+        elif spec.kind == "grammar" and is_lark(spec.value):  # vLLM's guided_grammar dialect
+            recipe = xg.recipe("grammar", lark_to_ebnf(spec.value))
         else:
             recipe = xg.recipe(spec.kind, "" if spec.kind == "json_object" else spec.value)
         compiled = xg.compile(recipe)

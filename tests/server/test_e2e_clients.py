@@ -195,3 +195,26 @@ def test_same_output_cold_and_warm(upgrading_client, schema):
         assert choice.message.content == cold.message.content, (cold, choice)
     if cold.finish_reason == "stop":
         jsonschema.validate(json.loads(cold.message.content), schema)
+
+
+LARK_SQL = """
+start: select_statement
+select_statement: "SELECT " column " from " table " where " condition
+column: "col_1" | "col_2"
+table: "table_1" | "table_2"
+condition: column "=" number
+number: "1" | "2"
+"""
+
+
+def test_lark_guided_grammar_as_vllm_clients_send_it(client):
+    r = client.completions.create(
+        model=MODEL, prompt="Generate an SQL query that selects col_1 from table_1:\n",
+        temperature=0, max_tokens=40, extra_body={"guided_grammar": LARK_SQL})
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"SELECT col_[12] from table_[12] where col_[12]=[12]", r.choices[0].text)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={
+            "guided_grammar": 'start: "a" " "*\n%ignore " "'})
+    assert e.value.body["param"] == "guided_grammar" and "%ignore" in e.value.body["message"]
+    assert "root ::=" in e.value.body["message"]
