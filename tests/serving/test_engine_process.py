@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from guided.config import EngineConfig
+from guided.fsm.settings import CompileSettings
 from guided.errors import (
     CompileTimeoutError,
     ConstraintError,
@@ -49,7 +49,7 @@ class _CompilerOnly:
 def test_a_compile_the_server_gave_up_on_is_dropped(tokenizer):
     """"uncompile" cancels the compile's ticket: queued behind a stuck one, it never runs."""
     compiler = GrammarCompiler(tokenizer, vocab_size=49152,
-                               config=EngineConfig(compile_threads=1, compile_timeout_s=30))
+                               config=CompileSettings(compile_threads=1, compile_timeout_s=30))
     release, started = threading.Event(), []
     real = compiler._compile_sync
 
