@@ -120,3 +120,36 @@ def test_chat_template_kwargs_reach_the_template(client):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, "Hi", max_tokens=1, extra_body={"chat_template_kwargs": {"tokenize": True}})
     assert e.value.body["param"] == "chat_template_kwargs.tokenize"
+
+
+def test_openai_parse_with_pydantic_models(client):
+    """The official client's chat.completions.parse: a pydantic model as response_format (its
+    strict schema with $defs), and pydantic_function_tool for tools."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Unit(BaseModel):
+        name: Literal["celsius", "fahrenheit"]
+
+    class Forecast(BaseModel):
+        city: str = Field(max_length=20)
+        high: int = Field(ge=-50, le=60)
+        unit: Unit
+
+    r = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Tomorrow's forecast for Oslo."}],
+        response_format=Forecast, temperature=0, max_tokens=60)
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Forecast) and -50 <= parsed.high <= 60, r
+
+    class GetWeather(BaseModel):
+        city: str = Field(max_length=20)
+        unit: Unit
+
+    r = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo in celsius?"}],
+        tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=60)
+    [call] = r.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, GetWeather)
