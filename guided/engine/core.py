@@ -215,8 +215,11 @@ class Engine:
         masks = None
         num_rows = max(step.mask_rows, default=-1) + 1
         if num_rows:
-            masks = fill_step_masks(step.plan, self.executor.new_bitmask(num_rows),
-                                    step.mask_rows, times=self.step_times)
+            filled = fill_step_masks(step.plan, self.executor.new_bitmask(num_rows),
+                                     step.mask_rows, times=self.step_times)
+            masks = filled.masks
+            for request, error in filled.failed:  # its sample is dropped by the update
+                self._fail(request, error)
         step.sampled = self.executor.sample(masks)
         return step
 
@@ -246,8 +249,13 @@ class Engine:
             if item.voided:  # it assumed drafts its previous step rejected
                 self.step_times.count("voided_rows")
                 continue
-            if not item.request.is_finished:  # else finished (or aborted) while it ran
+            if item.request.is_finished:  # finished (or aborted) while it ran
+                continue
+            try:
                 self._update_request(item, tokens, lps)
+            except Exception as e:  # noqa: BLE001 - one request's fault fails it alone
+                log.exception("request %s failed in its update", item.request.request_id)
+                self._fail(item.request, f"{type(e).__name__}: {e}")
 
     def _update_request(self, item: ScheduledRequest, tokens: list[int], lps: list) -> None:
         request = item.request
@@ -288,6 +296,11 @@ class Engine:
             self.scheduler.trim_blocks(request)
         if self.config.jump_forward and request.matcher is not None:
             self._to_propose.append(request)
+
+    def _fail(self, request: Request, error: str) -> None:
+        log.error("request %s failed inside a step: %s", request.request_id, error)
+        request.error_type = "internal"
+        self._finish(request, "error", error="internal engine error")
 
     def _append(self, request: Request, tokens: list[int], logprobs: list | None) -> int:
         """Appends a row's tokens; returns how many were appended (tokens past a finish are

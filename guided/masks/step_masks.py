@@ -8,9 +8,12 @@ that finished since the step was scheduled, of voided entries, and of drafts anc
 token the previous step did not sample (only the first row stands)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from guided.masks.bitmask_fill import fill_draft_rows
+from guided.scheduler.request import Request
 from guided.scheduler.scheduler import StepPlan
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
@@ -18,12 +21,22 @@ from guided.worker.step_times import StepTimes
 MASK_THREADS = 8  # threads filling a large step's rows (capped by the CPUs)
 
 
+@dataclass(slots=True)
+class FilledMasks:
+    masks: StepMasks
+    # requests whose rows could not be filled (their matcher raised, or rejected one of their
+    # drafts): their rows allow everything, and the engine fails them alone
+    failed: list[tuple[Request, str]] = field(default_factory=list)
+
+
 def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int], *,
-                    times: StepTimes) -> StepMasks:
+                    times: StepTimes) -> FilledMasks:
     """bitmask: (rows, words) int32 host buffer, one row per mask row of the step (its old
-    contents are garbage). The matchers hold the committed tokens and are left there. Raises
-    RuntimeError where the grammar rejects a draft (a jump-forward bug, never a user's)."""
+    contents are garbage). The matchers hold the committed tokens and are left there. One
+    batched fill; where it fails, each request's rows again on their own, so that a fault of
+    one request's grammar (or a draft it rejects: a jump-forward bug) fails that request only."""
     entries: list = []  # (matcher, drafts, first row) to fill
+    owners: list[Request] = []
     row = 0
     for item in plan.scheduled:
         if not item.masked:
@@ -34,10 +47,22 @@ def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int],
             bitmask[row:row + num_rows] = -1
         elif item.drafts_void:
             entries.append((request.matcher, [], row))
+            owners.append(request)
             bitmask[row + 1:row + num_rows] = -1
         else:
             entries.append((request.matcher, item.draft_token_ids, row))
+            owners.append(request)
         row += num_rows
+    failed: list[tuple[Request, str]] = []
     with times.phase("mask_fill"):
-        fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS, times=times)
-    return StepMasks(bitmask[:row], mask_rows)
+        try:
+            fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS, times=times)
+        except Exception:  # noqa: BLE001 - found below, request by request
+            for entry, request in zip(entries, owners):
+                try:
+                    fill_draft_rows([entry], bitmask, num_threads=1)
+                except Exception as e:  # noqa: BLE001 - this request's alone
+                    first, num = entry[2], len(entry[1]) + 1
+                    bitmask[first:first + num] = -1
+                    failed.append((request, f"grammar mask failed: {e}"))
+    return FilledMasks(StepMasks(bitmask[:row], mask_rows), failed)

@@ -168,3 +168,33 @@ def test_a_final_output_ending_on_a_stop_token_leaves_it_out_of_the_text(llm):
     assert final.finish_reason == "stop" and final.token_ids[-1] == stop
     assert final.token_ids == cumulative.token_ids and final.text == cumulative.text
     assert final.text == llm.tokenizer.decode(final.token_ids[:-1])
+
+
+def test_a_fault_in_one_request_of_a_running_batch_fails_that_request_only(llm):
+    """A request whose grammar raises inside a step (its matcher's accept here) ends with an
+    error; the others in the batch run on and their outputs validate."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    engine = llm.engine
+    ids = prompt_ids(llm)
+    for rid in ("ok1", "bad", "ok2"):
+        engine.add_request(rid, ids, SamplingParams(max_tokens=24, temperature=0,
+                                                    json_schema=schema))
+    while engine.requests["bad"].matcher is None:  # compiled and admitted
+        engine.step()
+
+    def broken(token_id):
+        raise RuntimeError("injected fault")
+
+    engine.requests["bad"].matcher.accept_token = broken
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["bad"].finish_reason == "error" and done["bad"].error_type == "internal"
+    for rid in ("ok1", "ok2"):
+        assert done[rid].finish_reason == "stop", done[rid]
+        jsonschema.validate(json.loads(done[rid].text), schema)
+    assert engine.stats().kv_blocks_in_use == 0

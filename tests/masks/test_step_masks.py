@@ -47,8 +47,10 @@ def test_rows_follow_the_numbering_of_build_output(compiler, tokenizer):
         ScheduledRequest(json_b, num_new_tokens=3, num_draft_tokens=0, sample=True)])
     out, rows = build_output(plan, block_size=16)
     assert out.mask_rows == [-1, *range(len(drafts) + 2)]
-    masks = fill_step_masks(plan, torch.zeros(len(drafts) + 2, words, dtype=torch.int32),
-                            out.mask_rows, times=StepTimes())
+    filled = fill_step_masks(plan, torch.zeros(len(drafts) + 2, words, dtype=torch.int32),
+                             out.mask_rows, times=StepTimes())
+    masks = filled.masks
+    assert filled.failed == []
     assert masks.mask_rows == out.mask_rows and masks.bitmask.shape[0] == len(drafts) + 2
     # each of a's rows is its matcher's row after the drafts before it; the matcher is left
     # at its committed tokens
@@ -80,18 +82,25 @@ def test_rows_of_finished_and_voided_entries_allow_everything(compiler, tokenize
         ScheduledRequest(done, num_new_tokens=1, num_draft_tokens=0, sample=True), item])
     out, _ = build_output(plan, block_size=16)
     masks = fill_step_masks(plan, torch.zeros(2, words, dtype=torch.int32), out.mask_rows,
-                            times=StepTimes())
+                            times=StepTimes()).masks
     assert bool((masks.bitmask == -1).all())
 
 
-def test_a_draft_the_grammar_rejects_is_an_error(compiler, tokenizer):
+def test_a_draft_the_grammar_rejects_fails_its_request_alone(compiler, tokenizer):
     words = -(-len(tokenizer) // 32)
-    request = _request("r", compiler, ConstraintSpec.json_schema(SCHEMA), 0)
-    bad = tokenizer.encode("xyz", add_special_tokens=False)
-    plan = StepPlan(scheduled=[ScheduledRequest(request, num_new_tokens=1,
-                                                num_draft_tokens=len(bad), sample=True,
-                                                draft_token_ids=bad)])
+    good = _request("good", compiler, ConstraintSpec.json_schema(SCHEMA), 0)
+    bad = _request("bad", compiler, ConstraintSpec.json_schema(SCHEMA), 1)
+    wrong = tokenizer.encode("xyz", add_special_tokens=False)
+    plan = StepPlan(scheduled=[
+        ScheduledRequest(good, num_new_tokens=1, num_draft_tokens=0, sample=True),
+        ScheduledRequest(bad, num_new_tokens=1, num_draft_tokens=len(wrong), sample=True,
+                         draft_token_ids=wrong)])
     out, _ = build_output(plan, block_size=16)
-    with pytest.raises(RuntimeError, match="rejected"):
-        fill_step_masks(plan, torch.zeros(len(bad) + 1, words, dtype=torch.int32),
-                        out.mask_rows, times=StepTimes())
+    filled = fill_step_masks(plan, torch.zeros(len(wrong) + 2, words, dtype=torch.int32),
+                             out.mask_rows, times=StepTimes())
+    assert [(r.request_id, "rejected" in e) for r, e in filled.failed] == [("bad", True)]
+    assert bool((filled.masks.bitmask[1:] == -1).all())  # the failed request's rows
+    start = tokenizer.encode("{", add_special_tokens=False)[0]
+    row = filled.masks.bitmask[0]
+    assert (int(row[start >> 5]) >> (start & 31)) & 1  # the good request's row is its own
+    assert not bool((row == -1).all())
