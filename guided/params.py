@@ -10,7 +10,8 @@ from guided.errors import ConstraintError, InvalidRequestError
 MAX_SEED = 1 << 63
 MAX_STOP_TOKEN_IDS = 1024  # each sampled token is looked up among them
 
-ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar",
+                         "structural_tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,20 @@ class ConstraintSpec:
             raise ConstraintError("every choice must be a non-empty string")
         return ConstraintSpec("choice", json.dumps(list(options), ensure_ascii=False))
 
+    @staticmethod
+    def structural_tag(tag: dict | str) -> "ConstraintSpec":
+        """Free text until a trigger opens a tag whose content follows its schema
+        (fsm/structural_tags.py checks and compiles it)."""
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag)
+            except json.JSONDecodeError as e:
+                raise ConstraintError(f"structural_tag is not valid JSON: {e}") from None
+        if not isinstance(tag, dict):
+            raise ConstraintError("structural_tag must be a JSON object")
+        return ConstraintSpec("structural_tag", json.dumps(tag, ensure_ascii=False,
+                                                           separators=(",", ":")))
+
     def schema(self) -> Any:
         return json.loads(self.value) if self.kind == "json_schema" else None
 
@@ -69,6 +84,7 @@ class SamplingParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: dict | str | None = None  # vLLM's / SGLang's (fsm/structural_tags.py)
     # "cumulative": an output at every step that moves the request on (streaming); "final":
     # only the finished one, its text decoded once at the end, not token by token (vLLM's
     # FINAL_ONLY: the offline API and non-streaming requests, the step loop's host work smaller)
@@ -125,7 +141,8 @@ class SamplingParams:
         set_constraints = [name for name, on in (
             ("json_schema", self.json_schema is not None), ("json_object", bool(self.json_object)),
             ("regex", self.regex is not None), ("choice", self.choice is not None),
-            ("grammar", self.grammar is not None)) if on]
+            ("grammar", self.grammar is not None),
+            ("structural_tag", self.structural_tag is not None)) if on]
         need(len(set_constraints) <= 1,
              f"at most one constraint per request, got {set_constraints}", set_constraints[-1]
              if set_constraints else "json_schema")
@@ -146,6 +163,8 @@ class SamplingParams:
             if not isinstance(self.grammar, str) or not self.grammar.strip():
                 raise ConstraintError("grammar must be a non-empty EBNF string")
             return ConstraintSpec("grammar", self.grammar)
+        if self.structural_tag is not None:
+            return ConstraintSpec.structural_tag(self.structural_tag)
         return None
 
     @property

@@ -35,6 +35,7 @@ from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.settings import CompileSettings
+from guided.fsm.structural_tags import checked_structural_tag
 from guided.fsm.vocab import TokenVocab
 from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
@@ -217,7 +218,8 @@ class GrammarCompiler:
         if len(spec.value.encode("utf-8", "surrogatepass")) > self.config.max_grammar_bytes:
             return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
                     f"is max_grammar_bytes={self.config.max_grammar_bytes}")
-        if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar"):
+        if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
+                             "structural_tag"):
             return f"unknown constraint kind {spec.kind!r}"
         return None
 
@@ -257,6 +259,8 @@ class GrammarCompiler:
                 self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
                                       label="json_schema DFA")
             recipe = xg.recipe("json_schema", json.dumps(schema))
+        elif spec.kind == "structural_tag":
+            recipe = xg.recipe("structural_tag", checked_structural_tag(spec.value))
         elif spec.kind == "grammar" and is_lark(spec.value):  # vLLM's guided_grammar dialect
             recipe = xg.recipe("grammar", lark_to_ebnf(spec.value))
         else:

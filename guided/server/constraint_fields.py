@@ -26,10 +26,12 @@ TOP_LEVEL = {
     "regex": "regex", "guided_regex": "regex",
     "choice": "choice", "guided_choice": "choice",
     "grammar": "grammar", "ebnf": "grammar", "guided_grammar": "grammar",
+    "structural_tag": "structural_tag",
 }
 # vLLM's structured_outputs (StructuredOutputsParams) keys -> SamplingParams constraint kwarg
 STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice",
-                      "grammar": "grammar", "json_object": "json_object"}
+                      "grammar": "grammar", "json_object": "json_object",
+                      "structural_tag": "structural_tag"}
 # backend choice / fallback policy: the output's language is the same whatever they say
 IGNORED = {"guided_decoding_backend"}
 STRUCTURED_IGNORED = {"backend", "_backend", "_backend_was_auto", "disable_fallback",
@@ -38,8 +40,6 @@ STRUCTURED_IGNORED = {"backend", "_backend", "_backend_was_auto", "disable_fallb
 UNSUPPORTED = {
     "guided_whitespace_pattern": "a custom whitespace pattern is not supported (guided's JSON "
                                  "whitespace is fixed: bounded, no runaway newlines)",
-    "structural_tag": "structural tags are not supported yet; send a json_schema, regex, "
-                      "choice or grammar constraint, or tools",
 }
 # sampling controls the engine does not apply yet: a 400 rather than an output that ignores them
 # (an empty / zero value asks for nothing and passes)
@@ -48,8 +48,7 @@ UNAPPLIED = {
     "min_tokens": "min_tokens is not applied by this server yet",
     "min_new_tokens": "min_new_tokens is not applied by this server yet",
 }
-STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"],
-                          "structural_tag": UNSUPPORTED["structural_tag"]}
+STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"]}
 # names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
 CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format",
                            "structured_outputs", "tools", "tool_choice"})
@@ -94,7 +93,11 @@ def check_unknown_fields(names: list[str]) -> None:
 
 def _value(kind: str, value: Any, param: str) -> Any:
     """The shape SamplingParams takes, or a 400 naming the field."""
-    if kind == "json_schema":
+    if kind == "structural_tag":
+        if not isinstance(value, (dict, str)):
+            raise InvalidRequestError(f"{param} must be a structural tag (an object or a JSON "
+                                      "string)", param=param)
+    elif kind == "json_schema":
         if not isinstance(value, (dict, str, bool)):
             raise InvalidRequestError(f"{param} must be a JSON schema (an object or a JSON "
                                       "string)", param=param)
@@ -151,6 +154,10 @@ def _response_format(rf) -> list[tuple[str, dict]]:
         return []
     if rf.type == "json_object":
         return [("response_format", {"json_object": True})]
+    if rf.type == "structural_tag":  # vLLM / SGLang: structures + triggers, or a format
+        tag = {k: v for k, v in (("structures", rf.structures), ("triggers", rf.triggers),
+                                 ("format", rf.format)) if v is not None}
+        return [("response_format", {"structural_tag": {"type": "structural_tag", **tag}})]
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                   param="response_format.json_schema.schema")

@@ -36,8 +36,12 @@ class JsonSchemaFormat(_Request):
 
 
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # structural_tag (vLLM / SGLang): structures + triggers, or xgrammar's format
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
 
 
 class _SamplingFields(ConstraintExtensions):

@@ -90,8 +90,9 @@ def plan_request_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         raise InvalidRequestError("function_call needs functions", param="function_call")
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
-    plan = plan_tools(tools, tool_choice, parallel,
-                      content_schema=_content_schema(req.response_format))
+    uses_tools = bool(tools) and tool_choice != "none"
+    plan = plan_tools(tools, tool_choice, parallel, content_schema=_content_schema(
+        req.response_format) if uses_tools else None)
     if plan is not None:
         plan.legacy = req.functions is not None
     return plan
@@ -102,6 +103,9 @@ def _content_schema(response_format) -> dict[str, Any] | None:
         return None
     if response_format.type == "json_object":
         return {"type": "object"}
+    if response_format.type == "structural_tag":
+        raise InvalidRequestError("a structural_tag response_format together with tools is not "
+                                  "supported; send one of them", param="response_format")
     if response_format.json_schema is None or response_format.json_schema.schema_ is None:
         raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                   param="response_format.json_schema.schema")

@@ -9,6 +9,7 @@ from guided.server import protocol as P
 from guided.server.constraint_fields import constraint_kwargs
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TAG = {"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}], "triggers": ["<f>"]}
 
 
 def chat(**kw):
@@ -42,6 +43,11 @@ def completion(**kw):
     ({"structured_outputs": {"regex": "a", "disable_fallback": True, "backend": "outlines"}},
      "structured_outputs.regex", {"regex": "a"}),
     ({"response_format": {"type": "json_object"}}, "response_format", {"json_object": True}),
+    ({"structural_tag": TAG}, "structural_tag", {"structural_tag": TAG}),
+    ({"structured_outputs": {"structural_tag": TAG}}, "structured_outputs.structural_tag",
+     {"structural_tag": TAG}),
+    ({"response_format": {"type": "structural_tag", **TAG}}, "response_format",
+     {"structural_tag": {"type": "structural_tag", **TAG}}),
 ])
 def test_every_field_name_maps_to_one_constraint(make, fields, param, kwargs):
     found_param, found = constraint_kwargs(make(**fields))
@@ -71,8 +77,7 @@ def test_two_constraints_are_a_400_naming_the_second(fields, param):
 
 @pytest.mark.parametrize("fields,param", [
     ({"guided_whitespace_pattern": r"[ ]?"}, "guided_whitespace_pattern"),
-    ({"structural_tag": '{"structures": []}'}, "structural_tag"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"structural_tag": 5}, "structural_tag"),
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
     ({"structured_outputs": {"jsn": SCHEMA}}, "structured_outputs.jsn"),
     ({"structured_outputs": "json"}, "structured_outputs"),

@@ -65,7 +65,7 @@ def test_vllm_and_sglang_constraint_fields_on_completions(client, extra, check):
 
 @pytest.mark.parametrize("extra,param,words", [
     ({"guided_json": POINT, "guided_regex": "a"}, "guided_regex", "at most one constraint"),
-    ({"structural_tag": "{}"}, "structural_tag", "structural tags"),
+    ({"structural_tag": "{}"}, "structural_tag", "structural_tag needs"),
     ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "whitespace"),
     ({"structured_outputs": {"jsn": POINT}}, "structured_outputs.jsn", "did you mean 'json'"),
     ({"response_fromat": {"type": "json_object"}}, "response_fromat",
@@ -218,3 +218,38 @@ def test_lark_guided_grammar_as_vllm_clients_send_it(client):
             "guided_grammar": 'start: "a" " "*\n%ignore " "'})
     assert e.value.body["param"] == "guided_grammar" and "%ignore" in e.value.body["message"]
     assert "root ::=" in e.value.body["message"]
+
+
+# ---- structural tags -------------------------------------------------------------------------
+
+ANSWER_TAG = {"structures": [{"begin": "Answer: ", "schema": {"type": "integer", "minimum": 0,
+                                                              "maximum": 99},
+                              "end": "."}], "triggers": ["Answer: "]}
+
+
+def _tagged_values(text: str) -> list[int]:
+    """Every tagged section of the output parsed: after each trigger, an integer, then the end."""
+    values = []
+    for part in text.split("Answer: ")[1:]:
+        value, end, _ = part.partition(".")
+        assert end == ".", text
+        values.append(json.loads(value))
+        assert isinstance(values[-1], int) and 0 <= values[-1] <= 99, text
+    return values
+
+
+def test_structural_tag_response_format_and_sglang_field(client, server_url):
+    prompt = "What is 2 + 2? Reply exactly in the form 'Answer: <number>.'"
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0,
+        max_tokens=40, response_format={"type": "structural_tag", **ANSWER_TAG})
+    _tagged_values(r.choices[0].message.content)
+    body = httpx.post(server_url + "/generate", timeout=300, json={
+        "text": "Q: What is 3 + 4?\nA: Answer: ", "sampling_params": {
+            "max_new_tokens": 30, "temperature": 0,
+            "structural_tag": json.dumps({"structures": [{
+                "begin": "<n>", "schema": {"type": "integer"}, "end": "</n>"}],
+                "triggers": ["<n>"]})}}).json()
+    for part in body["text"].split("<n>")[1:]:
+        value, end, _ = part.partition("</n>")
+        assert end and isinstance(json.loads(value), int), body["text"]
