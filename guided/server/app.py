@@ -12,6 +12,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from guided.serving.async_engine import AsyncEngine, RequestStream
 from guided.errors import (
@@ -290,11 +291,14 @@ async def read_json(request: Request):
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise BodyTooLarge
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone while sending its body: nobody to answer (was a 500)
+        raise ClientGone from None
     raw = b"".join(chunks)
     try:
         value = json.loads(raw)
