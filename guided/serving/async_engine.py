@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from guided.errors import InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
-from guided.serving.stats_log import CompileCounts, StatsLogger
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
 from guided.serving.snapshots import History, copy_metrics, copy_output, snapshot
+from guided.serving.stats_log import CompileCounts, StatsLogger
 
 logger = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ import multiprocessing
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
 
 from guided.errors import OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
+from guided.serving import messages as m
 from guided.serving.async_engine import _final, _resolve
-from guided.serving.engine_process import error_from, main
+from guided.serving.engine_process import main
+from guided.serving.messages import EngineInfo
 from guided.serving.output_wire import Received, decode
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
 
@@ -37,21 +37,6 @@ PING_INTERVAL_S = 1.0
 # chunk is bounded by max_num_batched_tokens, compiles run off the step loop
 UNRESPONSIVE_S = 5.0
 HUNG_S = 30.0
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the server reads of the engine at start (Server, the startup log)."""
-    model_name: str
-    config: Any
-    max_model_len: int
-    tokenizer: Any
-    device: str
-    dtype: str
-    initial_stats: EngineStats
-
-    def stats(self) -> EngineStats:
-        return self.initial_stats
 
 
 class EngineClient:
@@ -108,12 +93,10 @@ class EngineClient:
                 self._process.kill()
                 raise RuntimeError(f"the engine did not load within {timeout_s:.0f} s")
         message = self._events.recv()
-        if message[0] != "ready":
+        if not isinstance(message, m.Ready):
             self._process.join(10)
-            raise RuntimeError(f"the engine failed to start: {message[1]}")
-        info = message[1]
-        return EngineInfo(info["model_name"], info["config"], info["max_model_len"],
-                          info["tokenizer"], info["device"], info["dtype"], info["stats"])
+            raise RuntimeError(f"the engine failed to start: {getattr(message, 'reason', message)}")
+        return message.info
 
     # ---- event-loop side -------------------------------------------------------------------
 
@@ -136,13 +119,13 @@ class EngineClient:
         self.compile_queries += 1
         self.compiles_pending += 1
         try:
-            self._send(("compile", compile_id, spec))
+            self._send(m.Compile(compile_id, spec))
             return await future
         finally:
             self.compiles_pending -= 1
             self._compiles.pop(compile_id, None)
             if not future.done():  # the caller gave up: a compile nobody waits for is dropped
-                self._send(("uncompile", compile_id))
+                self._send(m.Uncompile(compile_id))
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           *, arrival_time: float | None = None) -> RequestStream:
@@ -159,7 +142,7 @@ class EngineClient:
         accepted = self._adds[request_id] = loop.create_future()
         self._streams[request_id] = stream
         try:
-            self._send(("add", request_id, prompt, params, arrival_time))
+            self._send(m.Add(request_id, prompt, params, arrival_time))
             await accepted
         except BaseException:
             if self._streams.get(request_id) is stream:
@@ -176,7 +159,7 @@ class EngineClient:
         return stream_outputs(self, request_id, prompt, params)
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(m.Abort(request_id))
 
     async def shutdown(self, drain_timeout: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for up to drain_timeout seconds (the
@@ -186,7 +169,7 @@ class EngineClient:
         if self._stopped is None:
             self._stopped = loop.create_future()
             if self._alive:
-                self._send(("stop", drain_timeout))
+                self._send(m.Stop(drain_timeout))
             else:
                 self._stopped.set_result(None)
         try:
@@ -206,7 +189,7 @@ class EngineClient:
             try:
                 self._commands.send(message)
             except (OSError, ValueError) as e:
-                if message[0] not in ("abort", "stop", "uncompile", "ping"):
+                if not isinstance(message, (m.Abort, m.Stop, m.Uncompile, m.Ping)):
                     raise OverloadedError("the engine process is not running") from e
 
     # ---- reader thread ---------------------------------------------------------------------
@@ -222,37 +205,36 @@ class EngineClient:
                     if not self._take(message):
                         break
                 except Exception:
-                    logger.exception("handling the engine's %r message failed", message[0])
+                    logger.exception("handling the engine's %s message failed",
+                                     type(message).__name__)
         finally:
             self._on_exit()
 
-    def _take(self, message: tuple) -> bool:
+    def _take(self, message) -> bool:
         """Handle one message; False once the engine has stopped."""
-        kind = message[0]
-        if kind == "outputs":
-            _, deltas, stats = message
-            self._stats = stats
-            self._deliver([self._rebuild(delta) for delta in deltas])
-        elif kind == "stats":
-            self._stats = message[1]
-        elif kind == "accepted":
-            future = self._adds.get(message[1])
-            if future is not None:
-                _resolve(future, error_from(message[2]))
-        elif kind == "compiled":
-            _, compile_id, hit, error = message
-            future = self._compiles.get(compile_id)
-            self.compile_hits += hit
-            if future is not None:
-                _resolve(future, error_from(error))
-        elif kind == "pong":
-            self._last_pong = time.monotonic()
-        elif kind == "stopped":
-            return False
+        match message:
+            case m.Outputs(deltas, stats):
+                self._stats = stats
+                self._deliver([self._rebuild(delta) for delta in deltas])
+            case m.Stats(stats):
+                self._stats = stats
+            case m.Accepted(request_id, error):
+                future = self._adds.get(request_id)
+                if future is not None:
+                    _resolve(future, None if error is None else error.exception())
+            case m.Compiled(compile_id, hit, error):
+                future = self._compiles.get(compile_id)
+                self.compile_hits += hit
+                if future is not None:
+                    _resolve(future, None if error is None else error.exception())
+            case m.Pong():
+                self._last_pong = time.monotonic()
+            case m.Stopped():
+                return False
         return True
 
-    def _rebuild(self, delta: tuple) -> tuple[RequestStream | None, RequestOutput]:
-        request_id = delta[0]
+    def _rebuild(self, delta: m.OutputDelta) -> tuple[RequestStream | None, RequestOutput]:
+        request_id = delta.request_id
         out, received = decode(delta, self._received.get(request_id))
         if out.finished:
             self._received.pop(request_id, None)
@@ -333,7 +315,7 @@ class EngineClient:
             if not self._alive:
                 continue
             try:
-                self._send(("ping",))
+                self._send(m.Ping())
             except OverloadedError:
                 continue
             silent = time.monotonic() - self._last_pong

@@ -27,46 +27,17 @@ import threading
 import time
 from dataclasses import dataclass
 
+from guided.errors import OverloadedError
+from guided.serving import messages as m
 from guided.serving.async_engine import AsyncEngine, _Abort, _Add, _Stop
-from guided.errors import (
-    CompileTimeoutError,
-    ConstraintError,
-    InvalidRequestError,
-    OverloadedError,
-)
 from guided.serving.output_wire import Sent, encode
 
 logger = logging.getLogger(__name__)
 
-ERRORS = {cls.__name__: cls for cls in (InvalidRequestError, ConstraintError, OverloadedError,
-                                        CompileTimeoutError)}
-
-
-def error_message(error: BaseException | None) -> tuple | None:
-    """An exception as (type name, message, param) for the pipe (None stays None), named by
-    its nearest class in ERRORS (a schema_check.Unsatisfiable is a ConstraintError)."""
-    if error is None:
-        return None
-    name = next((cls.__name__ for cls in type(error).__mro__ if cls.__name__ in ERRORS),
-                type(error).__name__)
-    return name, str(error), getattr(error, "param", None)
-
-
-def error_from(message: tuple | None) -> BaseException | None:
-    """error_message's exception again: guided's own by their type (a bad request stays a 400),
-    anything else a RuntimeError naming it."""
-    if message is None:
-        return None
-    name, text, param = message
-    cls = ERRORS.get(name)
-    if cls is None:
-        return RuntimeError(f"{name}: {text}")
-    return cls(text) if issubclass(cls, OverloadedError) else cls(text, param=param)
-
 
 @dataclass(slots=True)
 class _Ping:
-    """The server's watchdog asks whether the engine thread still turns."""
+    """The watchdog's ping, queued for the engine thread (answered between steps)."""
 
 
 @dataclass(slots=True)
@@ -81,7 +52,7 @@ class ProcessSideEngine(AsyncEngine):
     def __init__(self, engine, send):
         self._send = send
         self._sent: dict[str, Sent] = {}  # engine thread only
-        self._batch: list[tuple] = []  # engine thread only
+        self._batch: list[m.OutputDelta] = []  # engine thread only
         self._last_stats = None
         self._last_stats_time = 0.0
         self._counts_lock = threading.Lock()
@@ -89,7 +60,7 @@ class ProcessSideEngine(AsyncEngine):
         super().__init__(engine)
 
     def _settle(self, accepted, error: BaseException | None) -> None:
-        self._send(("accepted", accepted, error_message(error)))
+        self._send(m.Accepted(accepted, m.ErrorInfo.of(error)))
 
     def _post(self, stream: _Handle, out) -> None:
         request_id = stream.request_id
@@ -104,7 +75,7 @@ class ProcessSideEngine(AsyncEngine):
         if self._batch:
             batch, self._batch = self._batch, []
             self._last_stats, self._last_stats_time = self._stats, time.monotonic()
-            self._send(("outputs", batch, self._stats))
+            self._send(m.Outputs(batch, self._stats))
 
     def _refresh_stats(self) -> None:
         super()._refresh_stats()
@@ -114,34 +85,33 @@ class ProcessSideEngine(AsyncEngine):
                 time.monotonic() - self._last_stats_time > 0.05
                 or not self.engine.has_unfinished_requests()):
             self._last_stats, self._last_stats_time = self._stats, time.monotonic()
-            self._send(("stats", self._stats))
+            self._send(m.Stats(self._stats))
 
-    def take(self, command: tuple) -> None:
+    def take(self, command) -> None:
         """A command from the server (the reader thread)."""
-        kind = command[0]
-        if kind == "add":
-            _, request_id, prompt, params, arrival_time = command
-            self._commands.put(_Add(_Handle(request_id), prompt, params, arrival_time,
-                                    request_id))
-            if self._stopped:
-                self._reject_pending(OverloadedError("the engine is shutting down"))
-        elif kind == "abort":
-            self._commands.put(_Abort(command[1]))
-        elif kind == "compile":
-            self._compile(*command[1:])
-        elif kind == "ping":  # answered by the engine thread, between steps: a liveness proof
-            self._commands.put(_Ping())
-        elif kind == "uncompile":  # the server gave up on it (client gone, timed out)
-            ticket = self._tickets.pop(command[1], None)
-            if ticket is not None:
-                ticket.cancel()
-        elif kind == "stop":
-            self._accepting = False
-            self._commands.put(_Stop(time.monotonic() + command[1]))
+        match command:
+            case m.Add(request_id, prompt, params, arrival_time):
+                self._commands.put(_Add(_Handle(request_id), prompt, params, arrival_time,
+                                        request_id))
+                if self._stopped:
+                    self._reject_pending(OverloadedError("the engine is shutting down"))
+            case m.Abort(request_id):
+                self._commands.put(_Abort(request_id))
+            case m.Compile(compile_id, spec):
+                self._compile(compile_id, spec)
+            case m.Ping():  # answered by the engine thread, between steps: a liveness proof
+                self._commands.put(_Ping())
+            case m.Uncompile(compile_id):  # the server gave up on it (client gone, timed out)
+                ticket = self._tickets.pop(compile_id, None)
+                if ticket is not None:
+                    ticket.cancel()
+            case m.Stop(drain_timeout):
+                self._accepting = False
+                self._commands.put(_Stop(time.monotonic() + drain_timeout))
 
     def _handle(self, command) -> None:
         if isinstance(command, _Ping):
-            self._send(("pong",))
+            self._send(m.Pong())
         else:
             super()._handle(command)
 
@@ -158,7 +128,7 @@ class ProcessSideEngine(AsyncEngine):
             with self._counts_lock:
                 self.compiles_pending -= not hit
             if not f.cancelled():
-                self._send(("compiled", compile_id, hit, error_message(f.exception())))
+                self._send(m.Compiled(compile_id, hit, m.ErrorInfo.of(f.exception())))
 
         if not hit:
             self._tickets[compile_id] = future
@@ -189,9 +159,9 @@ def main(config, commands, events, log_level: str = "info") -> None:
         core = Engine(config)
     except BaseException as e:
         logger.exception("the engine failed to start")
-        send(("failed", f"{type(e).__name__}: {e}"))
+        send(m.Failed(f"{type(e).__name__}: {e}"))
         return
-    send(("ready", engine_info(core)))
+    send(m.Ready(engine_info(core)))
     engine = ProcessSideEngine(core, send)
 
     def read() -> None:
@@ -199,22 +169,22 @@ def main(config, commands, events, log_level: str = "info") -> None:
             try:
                 command = commands.recv()
             except (EOFError, OSError):  # the server went away: stop now
-                engine.take(("stop", 0.0))
+                engine.take(m.Stop(0.0))
                 return
             engine.take(command)
 
     threading.Thread(target=read, name="engine-commands", daemon=True).start()
     engine._thread.join()
-    send(("stopped",))
+    send(m.Stopped())
     logging.shutdown()
     os._exit(0)  # done: the interpreter's teardown has nothing left to do but report leaks
 
 
-def engine_info(core) -> dict:
+def engine_info(core) -> m.EngineInfo:
     """What the server needs of the engine (guided/server/app.py Server, cli's startup log)."""
     runner = getattr(core, "runner", None)
-    return {"model_name": core.model_name, "config": core.config,
-            "max_model_len": core.max_model_len, "tokenizer": core.tokenizer,
-            "stats": core.stats(),
-            "device": str(getattr(runner, "device", core.config.device)),
-            "dtype": str(getattr(runner, "dtype", core.config.dtype)).removeprefix("torch.")}
+    return m.EngineInfo(
+        model_name=core.model_name, config=core.config, max_model_len=core.max_model_len,
+        tokenizer=core.tokenizer, initial_stats=core.stats(),
+        device=str(getattr(runner, "device", core.config.device)),
+        dtype=str(getattr(runner, "dtype", core.config.dtype)).removeprefix("torch."))

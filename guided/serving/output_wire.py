@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guided.outputs import RequestMetrics, RequestOutput
+from guided.serving.messages import OutputDelta
 from guided.serving.snapshots import History, on_history
 
 
@@ -49,7 +50,7 @@ def _grown(items: list, count: int, known: list | None, num_known: int) -> tuple
     return start, items[start:count]
 
 
-def encode(out: RequestOutput, sent: Sent) -> tuple:
+def encode(out: RequestOutput, sent: Sent) -> OutputDelta:
     """out as a delta against what the receiver holds (`sent`, updated here; the prompt goes
     with the first)."""
     first, sent.prompt_sent = not sent.prompt_sent, True
@@ -63,9 +64,10 @@ def encode(out: RequestOutput, sent: Sent) -> tuple:
     text = out.text
     text_start = len(sent.text) if text.startswith(sent.text) else 0
     sent.text = text
-    return (out.request_id, out.prompt_token_ids if first else None, token_start, new_tokens,
-            text_start, text[text_start:], lp_start, new_logprobs, out.finished,
-            out.finish_reason, out.stop_reason, out.error, out.error_type, out.metrics)
+    return OutputDelta(out.request_id, out.prompt_token_ids if first else None, token_start,
+                       new_tokens, text_start, text[text_start:], lp_start, new_logprobs,
+                       out.finished, out.finish_reason, out.stop_reason, out.error,
+                       out.error_type, out.metrics)
 
 
 @dataclass(slots=True)
@@ -76,21 +78,23 @@ class Received:
     text: str = ""
 
 
-def decode(delta: tuple, received: Received | None) -> tuple[RequestOutput, Received]:
+def decode(delta: OutputDelta, received: Received | None) -> tuple[RequestOutput, Received]:
     """The cumulative output a delta brings `received` (None: the request's first) to; the
     output is a snapshot that later deltas leave alone."""
-    (request_id, prompt, token_start, new_tokens, text_start, new_text, lp_start, new_logprobs,
-     finished, finish_reason, stop_reason, error, error_type, metrics) = delta
+    d = delta
     if received is None:
-        received = Received(prompt if prompt is not None else [], History())
+        received = Received(d.prompt_token_ids if d.prompt_token_ids is not None else [],
+                            History())
     history = received.history
-    history.token_ids = _apply(history.token_ids, token_start, new_tokens)
-    if new_logprobs is not None:
-        history.logprobs = _apply(history.logprobs or [], lp_start, new_logprobs)
-    received.text = received.text[:text_start] + new_text if text_start else new_text
-    out = RequestOutput(request_id, received.prompt_token_ids, history.token_ids, received.text,
-                        finished, finish_reason, stop_reason, error, error_type,
-                        history.logprobs, metrics if metrics is not None else RequestMetrics())
+    history.token_ids = _apply(history.token_ids, d.token_start, d.new_token_ids)
+    if d.new_logprobs is not None:
+        history.logprobs = _apply(history.logprobs or [], d.logprob_start, d.new_logprobs)
+    received.text = (received.text[:d.text_start] + d.new_text if d.text_start
+                     else d.new_text)
+    out = RequestOutput(d.request_id, received.prompt_token_ids, history.token_ids,
+                        received.text, d.finished, d.finish_reason, d.stop_reason, d.error,
+                        d.error_type, history.logprobs,
+                        d.metrics if d.metrics is not None else RequestMetrics())
     return on_history(out, history), received
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-from guided.fsm.settings import CompileSettings
 from guided.errors import (
     CompileTimeoutError,
     ConstraintError,
@@ -14,22 +13,29 @@ from guided.errors import (
 )
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.schema_check import Unsatisfiable
+from guided.fsm.settings import CompileSettings
 from guided.outputs import EngineStats
 from guided.params import ConstraintSpec
-from guided.serving.engine_process import ProcessSideEngine, error_from, error_message
+from guided.serving import messages as m
+from guided.serving.engine_process import ProcessSideEngine
+
+
+def roundtrip(error):
+    info = m.ErrorInfo.of(error)
+    return None if info is None else info.exception()
 
 
 def test_errors_cross_as_their_nearest_known_class():
-    error = error_from(error_message(Unsatisfiable("no value", param="response_format")))
+    error = roundtrip((Unsatisfiable("no value", param="response_format")))
     assert type(error) is ConstraintError and error.param == "response_format"
-    assert type(error_from(error_message(InvalidRequestError("bad")))) is InvalidRequestError
-    assert type(error_from(error_message(OverloadedError("full")))) is OverloadedError
-    assert isinstance(error_from(error_message(KeyError("x"))), RuntimeError)
-    assert error_from(None) is None
+    assert type(roundtrip((InvalidRequestError("bad")))) is InvalidRequestError
+    assert type(roundtrip((OverloadedError("full")))) is OverloadedError
+    assert isinstance(roundtrip((KeyError("x"))), RuntimeError)
+    assert roundtrip(None) is None
 
 
 def test_a_compile_timeout_crosses_as_itself_with_its_retry_after():
-    error = error_from(error_message(CompileTimeoutError("timed out")))
+    error = roundtrip((CompileTimeoutError("timed out")))
     assert type(error) is CompileTimeoutError and error.retry_after_s > 0
 
 
@@ -62,20 +68,20 @@ def test_a_compile_the_server_gave_up_on_is_dropped(tokenizer):
     sent = []
     engine = ProcessSideEngine(_CompilerOnly(compiler), sent.append)
     try:
-        engine.take(("compile", 1, ConstraintSpec("regex", "a+")))  # runs, held
+        engine.take(m.Compile(1, ConstraintSpec("regex", "a+")))  # runs, held
         while not started:
             time.sleep(0.01)
-        engine.take(("compile", 2, ConstraintSpec("regex", "b+")))  # queued
-        engine.take(("uncompile", 2))
+        engine.take(m.Compile(2, ConstraintSpec("regex", "b+")))  # queued
+        engine.take(m.Uncompile(2))
         assert compiler._pool.num_queued == 0
         release.set()
         deadline = time.monotonic() + 30
-        while not any(m[0] == "compiled" for m in sent):
+        while not any(isinstance(msg, m.Compiled) for msg in sent):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert started == ["a+"]
-        assert [m[1] for m in sent if m[0] == "compiled"] == [1]
+        assert [msg.compile_id for msg in sent if isinstance(msg, m.Compiled)] == [1]
     finally:
         release.set()
-        engine.take(("stop", 0.0))
+        engine.take(m.Stop(0.0))
         compiler.shutdown()

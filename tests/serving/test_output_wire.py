@@ -46,11 +46,11 @@ def test_a_delta_carries_only_what_is_new():
     steps = list(_steps())
     sent = Sent()
     first, second, retokenized = (encode(out, sent) for out in steps[:3])
-    assert first[1] == [7, 8] and second[1] is None  # the prompt goes once
-    assert (second[2], second[3]) == (2, [3, 4])  # tokens from where the receiver's end
-    assert (second[4], second[5]) == (2, "cd")  # text likewise
-    assert (retokenized[2], retokenized[3]) == (0, [1, 2, 9])  # a new list: all of it
-    assert (retokenized[4], retokenized[5]) == (0, "abX")  # text that does not extend
+    assert first.prompt_token_ids == [7, 8] and second.prompt_token_ids is None  # once
+    assert (second.token_start, second.new_token_ids) == (2, [3, 4])  # tokens from where the receiver's end
+    assert (second.text_start, second.new_text) == (2, "cd")  # text likewise
+    assert (retokenized.token_start, retokenized.new_token_ids) == (0, [1, 2, 9])  # a new list: all of it
+    assert (retokenized.text_start, retokenized.new_text) == (0, "abX")  # text that does not extend
 
 
 def test_a_final_copied_from_the_last_output_is_sent_whole():
