@@ -104,6 +104,7 @@ def compiler(tokenizer):
     from guided.fsm.compiler import GrammarCompiler
     from guided.fsm.settings import CompileSettings
 
-    c = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(dfa_masks=False))
+    c = GrammarCompiler(tokenizer, vocab_size=49152,
+                        config=CompileSettings(dfa_masks=False, llguidance=False))
     yield c
     c.shutdown()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
+from guided.fsm.backends.llguidance_backend import prefers_llguidance
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import analyse
 from guided.fsm.settings import CompileSettings
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines" | "dfa": the one its next matcher comes from
+    backend: str  # "xgrammar" | "outlines" | "dfa" | "llguidance": its next matcher's
     _make_matcher: Callable[[], Matcher] = field(repr=False)
     # a large schema's DFA, compiling in the background while xgrammar serves it (-> the DFA's
     # CompiledGrammar, or None where it failed): the matchers made once it is in are the DFA's
@@ -92,6 +93,8 @@ class GrammarCompiler:
         self.config = config
         self.regex_backend = regex_backend
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
+        self._tokenizer = tokenizer  # llguidance builds its own from it (on first use)
+        self._llguidance = None
         self._xgrammar = XGrammarBackend(self.vocab, config)
         self._outlines = None
         self._dfa_vocab = None
@@ -258,6 +261,11 @@ class GrammarCompiler:
                 upgrade = Future()  # xgrammar's serves it while the DFA builds
                 self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
                                       label="json_schema DFA")
+            if (regex is None and self.config.llguidance and self._tokenizer is not None
+                    and prefers_llguidance(schema)):
+                served = self._llguidance_grammar(spec, schema, start)
+                if served is not None:
+                    return served
             recipe = xg.recipe("json_schema", json.dumps(schema))
         elif spec.kind == "structural_tag":
             recipe = xg.recipe("structural_tag", checked_structural_tag(spec.value))
@@ -272,6 +280,31 @@ class GrammarCompiler:
         return CompiledGrammar(spec, seconds, "xgrammar",
                                lambda: XGrammarMatcher(compiled, vocab, ban=ban),
                                upgrade=upgrade)
+
+    def _llguidance_grammar(self, spec: ConstraintSpec, schema: dict,
+                            start: float) -> CompiledGrammar | None:
+        """The checked schema served by llguidance (fsm/backends/llguidance_backend.py), or
+        None where it is ineligible or llguidance refuses it (xgrammar serves it then)."""
+        from guided.fsm.backends.llguidance_backend import (
+            LLGuidanceBackend,
+            LLGuidanceMatcher,
+            llguidance_schema,
+        )
+
+        restated = llguidance_schema(schema)
+        if restated is None:
+            return None
+        try:
+            with self._outlines_lock:
+                if self._llguidance is None:
+                    self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
+            backend = self._llguidance
+            initial = backend.start(backend.compile(restated))
+        except Exception as e:  # noqa: BLE001 - llguidance's refusal: xgrammar serves it
+            log.info("json schema on xgrammar: llguidance: %s", str(e)[:200])
+            return None
+        return CompiledGrammar(spec, time.perf_counter() - start, "llguidance",
+                               lambda: LLGuidanceMatcher(initial, backend))
 
     def _dfa_grammar(self, spec: ConstraintSpec, regex: str,
                      start: float | None = None) -> CompiledGrammar | None:

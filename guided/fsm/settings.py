@@ -34,6 +34,9 @@ class CompileSettings:
     # while its DFA compiles in the background (fsm/regex_size.py)
     dfa_max_wait_size: int = 1000
     dfa_upgrade_threads: int = 1
+    # checked schemas with string bounds past a short pattern's compile with llguidance (ms)
+    # rather than xgrammar (seconds to minutes: fsm/backends/llguidance_backend.py)
+    llguidance: bool = True
     max_grammar_bytes: int = 1_000_000
 
     @classmethod

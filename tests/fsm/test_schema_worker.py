@@ -20,7 +20,9 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 # a bound on a non-integer number: not written as a regex, xgrammar's
 BOUNDED = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5}},
            "required": ["x"]}
-REFUSED = {"type": "object", "patternProperties": {"^a": {"type": "string"}}}
+# two patterns a key may both match, with different schemas
+REFUSED = {"type": "object", "patternProperties": {"^a": {"type": "string"},
+                                                   "a": {"type": "integer"}}}
 
 
 @pytest.fixture(scope="module")
