@@ -320,28 +320,3 @@ def test_metrics_exposition(server_url):
         assert name in text, name
     assert _metric(server_url, "guided_kv_blocks_total") > 0
     assert _metric(server_url, "guided_generation_tokens_total") > 0
-
-
-def test_multi_step_server_streams_the_same_tokens(client, launch_server):
-    """A server with multi-step decode (4 decode steps per scheduler call) answers greedy
-    requests with the same text as the default server, streamed or not, and still enforces
-    a schema on a request that shares its batch."""
-    url, _ = launch_server("--max-num-seqs", "8", "--num-scheduler-steps", "4",
-                           name="multistep")
-    multi = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    messages = [{"role": "user", "content": "Name three rivers in Europe."}]
-    want = client.chat.completions.create(model="default", messages=messages, max_tokens=30,
-                                          temperature=0).choices[0].message.content
-    got = multi.chat.completions.create(model="default", messages=messages, max_tokens=30,
-                                        temperature=0).choices[0].message.content
-    assert got == want
-    stream = multi.chat.completions.create(model="default", messages=messages, max_tokens=30,
-                                           temperature=0, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
-    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20}},
-              "required": ["river"], "additionalProperties": False}
-    out = multi.chat.completions.create(
-        model="default", messages=messages, max_tokens=40, temperature=0,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "r", "schema": schema, "strict": True}})
-    jsonschema.validate(json.loads(out.choices[0].message.content), schema)

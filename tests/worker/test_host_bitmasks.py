@@ -1,4 +1,7 @@
+"""worker/host_bitmasks.py: pinned mask buffers reused in turn, each only after its copy ran."""
+from __future__ import annotations
 
+import pytest
 import torch
 
 from guided.worker.host_bitmasks import MIN_ROWS, HostBitmasks
@@ -17,6 +20,7 @@ def test_buffers_are_reused_in_turn_and_grow():
     assert masks.to_device(bigger) is bigger  # on the CPU the rows are used where they are
 
 
+@pytest.mark.gpu
 def test_a_buffer_is_taken_again_only_after_its_copy_ran():
     masks = HostBitmasks(1024, torch.device("cuda"))
     first = masks.take(256)
