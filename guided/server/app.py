@@ -215,7 +215,7 @@ class Server:
             raise
         # All choices at once: the engine thread takes them in one pass over its commands.
         adds = [asyncio.ensure_future(self.engine.add_request(
-            f"{job.request_id}-{i}", job.prompts[job.prompt_of[i]], params))
+            f"{job.request_id}-{i}", job.prompts[job.prompt_of[i]], params, compiled=True))
             for i, params in enumerate(job.params) if params.max_tokens != 0]
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)

@@ -127,14 +127,17 @@ class AsyncEngine:
             self.compiles_pending -= 1
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                          *, arrival_time: float | None = None) -> RequestStream:
+                          *, arrival_time: float | None = None,
+                          compiled: bool = False) -> RequestStream:
         """Hand a request to the engine; raises InvalidRequestError / ConstraintError /
-        OverloadedError before any output, so a server can still answer with an error status."""
+        OverloadedError before any output, so a server can still answer with an error status.
+        compiled: the caller compiled the constraint already (one compile per HTTP request,
+        its choices sharing the cached grammar)."""
         if not self._accepting or not self._thread.is_alive():
             raise OverloadedError("the engine is shutting down")
         arrival_time = time.time() if arrival_time is None else arrival_time
         spec = params.constraint
-        if spec is not None:
+        if spec is not None and not compiled:
             await self.compile(spec)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, self, loop)

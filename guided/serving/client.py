@@ -128,14 +128,17 @@ class EngineClient:
                 self._send(m.Uncompile(compile_id))
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                          *, arrival_time: float | None = None) -> RequestStream:
-        """As AsyncEngine.add_request: errors before any output, a stream after."""
+                          *, arrival_time: float | None = None,
+                          compiled: bool = False) -> RequestStream:
+        """As AsyncEngine.add_request: errors before any output, a stream after. compiled: the
+        caller compiled the constraint already (one compile per HTTP request, its choices
+        sharing the cached grammar)."""
         if not self._accepting:
             raise OverloadedError("the engine is shutting down")
         if not self.is_running:
             raise OverloadedError("the engine is not running (it is being restarted)")
         arrival_time = time.time() if arrival_time is None else arrival_time
-        if params.constraint is not None:
+        if params.constraint is not None and not compiled:
             await self.compile(params.constraint)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, self, loop)
