@@ -40,6 +40,7 @@ from guided.server.jobs import (
     raise_if_error,
 )
 from guided.server.native_routes import add_native_routes
+from guided.server.reasoning import PARSERS, wrap_constraint
 from guided.server.sglang_routes import add_sglang_routes
 from guided.server.streaming import (
     ClientGone,
@@ -75,8 +76,12 @@ def error_response(status: int, message: str, *, type: str = "invalid_request_er
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine, *, served_model_name: str | None = None):
+    def __init__(self, engine: AsyncEngine, *, served_model_name: str | None = None,
+                 reasoning_parser: str | None = None):
         self.engine = engine
+        if reasoning_parser is not None and reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {PARSERS}")
+        self.reasoning = reasoning_parser is not None
         core = engine.engine
         self.model_name = served_model_name or model_id(core.model_name)
         self.accepted_models = {self.model_name, "default", str(core.config.model),
@@ -125,7 +130,8 @@ class Server:
         ids, plan = self.chat_prompt(req)
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
-        job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top)
+        job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
+                  reasoning=self.reasoning)
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         return job
 
@@ -180,6 +186,8 @@ class Server:
                 f"n={req.n} is more than the {self.max_choices} requests this server queues at "
                 "once (max_waiting_requests)", param="n")
         job.constraint_param, constraint = constraint_kwargs(req, tool_constraint)
+        if job.reasoning:  # the constraint holds after the think section
+            constraint = wrap_constraint(constraint, self._decode(ids[-8:]))
         for i in range(req.n):
             job.params.append(SamplingParams(
                 max_tokens=max_tokens,
@@ -262,7 +270,7 @@ class Server:
     def chat_response(self, job: Job, outs: list[RequestOutput]) -> P.ChatCompletionResponse:
         choices = []
         for i, out in enumerate(outs):
-            message, reason = message_out(job.plan, out)
+            message, reason = message_out(job.plan, out, reasoning=job.reasoning)
             logprobs = P.chat_logprobs(out.logprobs or [], self.texts, job.num_top) \
                 if job.params[i].logprobs is not None else None
             choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs,
@@ -313,8 +321,10 @@ async def read_json(request: Request):
 # ---- the app ------------------------------------------------------------------------------------
 
 def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
-               drain_timeout: float = 10.0, api_key: str | None = None) -> FastAPI:
-    server = Server(engine, served_model_name=served_model_name)
+               drain_timeout: float = 10.0, api_key: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
+    server = Server(engine, served_model_name=served_model_name,
+                    reasoning_parser=reasoning_parser)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

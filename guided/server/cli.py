@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients send (default: the model's own name)")
+    serve.add_argument("--reasoning-parser", default=None,
+                       choices=["think", "deepseek_r1", "qwen3"],
+                       help="the model reasons in <think> ... </think> first: the constraint "
+                            "applies after it, which comes back as reasoning_content")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="what the server logs (default: info)")
@@ -136,7 +140,8 @@ def serve(args: argparse.Namespace) -> int:
         engine = AsyncEngine.from_config(config)
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
-                     drain_timeout=args.drain_timeout, api_key=args.api_key)
+                     drain_timeout=args.drain_timeout, api_key=args.api_key,
+                     reasoning_parser=args.reasoning_parser)
     # uvicorn's own grace period only backs up the engine's drain (which ends every stream).
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
                                     log_level=args.log_level, timeout_graceful_shutdown=

@@ -10,6 +10,7 @@ from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
 from guided.server.constraint_fields import constraint_kwargs  # noqa: F401 - re-exported
+from guided.server.reasoning import split_reasoning
 from guided.server.tool_output import ParsedCall, parse_output
 from guided.server.tools import ToolPlan
 
@@ -31,6 +32,7 @@ class Job:
     num_top: int = 0
     echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
     constraint_param: str | None = None  # the field the constraint came from (for 400s)
+    reasoning: bool = False  # chat on a reasoning parser: <think> ... </think> comes first
 
 
 def empty_output(job: Job, i: int) -> RequestOutput:
@@ -51,11 +53,22 @@ def finish_reason(out: RequestOutput, calls: bool) -> str | None:
     return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
 
 
-def message_out(plan: ToolPlan | None, out: RequestOutput) -> tuple[P.ChatMessageOut, str | None]:
+def message_out(plan: ToolPlan | None, out: RequestOutput, *, reasoning: bool = False
+                ) -> tuple[P.ChatMessageOut, str | None]:
     """The message of a finished chat choice and its finish_reason. Beside tool calls the
     content is "" (vLLM's clients read it as a string); a request with the legacy `functions`
-    gets its call as message.function_call."""
-    content, calls = parse_output(plan, out.text) if plan else (out.text, None)
+    gets its call as message.function_call; on a reasoning parser the think section is
+    reasoning_content."""
+    thought, text = split_reasoning(out.text) if reasoning else (None, out.text)
+    message, reason = _message(plan, out, text)
+    if thought is not None:
+        message.reasoning_content = thought.strip("\n") or None
+    return message, reason
+
+
+def _message(plan: ToolPlan | None, out: RequestOutput, text: str
+             ) -> tuple[P.ChatMessageOut, str | None]:
+    content, calls = parse_output(plan, text) if plan else (text, None)
     reason = finish_reason(out, bool(calls))
     if calls and plan.legacy:
         call = P.FunctionCallOut(name=calls[0].name, arguments=calls[0].arguments)

@@ -220,6 +220,7 @@ class ChatMessageOut(_Response):
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
     function_call: FunctionCallOut | None = None  # requests with legacy `functions`
+    reasoning_content: str | None = None  # a reasoning parser's think section
 
 
 class ChatChoice(_Response):
@@ -255,6 +256,7 @@ class ChatDelta(_Response):
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     function_call: FunctionCallDelta | None = None  # requests with legacy `functions`
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(_Response):

@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
+from guided.server.reasoning import split_reasoning
 from guided.server.sse import ChunkFrame, sse
 from guided.server.tool_output import ToolCallStreamer
 from guided.serving.async_engine import RequestStream
@@ -78,7 +79,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                       include_usage: bool) -> AsyncIterator[str]:
     n = len(job.params)
     frame = ChunkFrame(job.request_id, job.model, "chat.completion.chunk")
-    sent_text, sent_tokens = [0] * n, [0] * n
+    sent_text, sent_tokens, sent_thought = [0] * n, [0] * n, [0] * n
     streamers = [ToolCallStreamer(job.plan) if job.plan else None for _ in range(n)]
     finals: dict[int, RequestOutput] = {}
 
@@ -91,6 +92,12 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
             yield DONE
             return
         text, tool_deltas = visible(out), None
+        if job.reasoning:  # the think section streams as reasoning_content, the rest as usual
+            thought, text = split_reasoning(text, finished=out.finished)
+            if len(thought) > sent_thought[i]:
+                delta = P.ChatDelta(reasoning_content=thought[sent_thought[i]:])
+                sent_thought[i] = len(thought)
+                yield frame.chat([P.ChatChunkChoice(index=i, delta=delta)])
         if streamers[i] is not None:
             content, tool_deltas = streamers[i].deltas(text)
         else:
