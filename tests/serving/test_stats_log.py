@@ -140,7 +140,7 @@ def test_first_interval_measures_the_engine_thread_from_its_own_baseline(monkeyp
     per-thread baseline (run delay, thread time) on the calling thread."""
     import threading
 
-    import guided.server.stats_log as stats_log
+    import guided.serving.stats_log as stats_log
 
     delays = {"made-here": 50.0}
     monkeypatch.setattr(stats_log, "run_delay_seconds",
