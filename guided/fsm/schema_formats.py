@@ -215,8 +215,23 @@ def bounded_pattern(pattern: str, min_length: int, max_length: int | None, point
                               f"{pointer or '/'} admit no string together")
     for (i, _, _), (least, most) in zip(variable, counts):
         span = str(least) if least == most else f"{least},{'' if most == math.inf else most}"
-        pieces[i] = (pieces[i][0], f"{{{span}}}")
+        atom = pieces[i][0]
+        if most != math.inf and most > MAX_PATTERN_LENGTH and re.fullmatch(atom, "\\"):
+            # a long count is compiled as a character budget (char_budgets.py), which lets a
+            # class that admits a backslash write it raw (invalid JSON): such classes lose it
+            atom = _without_escapes(atom, keyword, pointer)
+        pieces[i] = (atom, f"{{{span}}}")
     return head + "".join(atom + quantifier for atom, quantifier in pieces) + tail
+
+
+def _without_escapes(atom: str, keyword: str, pointer: str) -> str:
+    """The class `atom` less the backslash, the quote and control characters (stricter)."""
+    if atom == ".":
+        return _PLAIN_CHAR
+    if atom.startswith("[^") and atom.endswith("]"):
+        return '[^"\\\\\\x00-\\x1f' + atom[2:]
+    raise refuse(keyword, pointer, "length bounds past 64 beside this pattern cannot be "
+                                   "enforced exactly")
 
 
 def _pieces(body: str) -> list[tuple[str, str]] | None:

@@ -58,3 +58,11 @@ def test_decimal_multiple_of_becomes_integer_multiples():
     assert out["type"] == "integer" and "multipleOf" not in out
     with pytest.raises(ConstraintError, match="multipleOf"):  # xgrammar ignores the pair
         check_schema({"type": "integer", "multipleOf": 5, "minimum": 0})
+
+
+def test_long_bounds_beside_a_class_that_admits_a_backslash():
+    """A long count is compiled as a character budget, which wrote `[^,"]`'s backslash raw
+    (`"a\\ b"`, invalid JSON; Github_medium/o37613 in a random walk): such classes lose it."""
+    oracle = Oracle({"type": "string", "pattern": '^[^,"]+$', "maxLength": 255})
+    assert not oracle.admits('"a\\ b"') and oracle.admits('"ab"')
+    assert oracle.assert_sound(walks=30) >= 20
