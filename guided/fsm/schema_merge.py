@@ -117,17 +117,18 @@ class SchemaCombiner:
         va, vb = self.known_values(a, pointer), self.known_values(b, pointer)
         if va is not None and vb is not None and not (va & vb):
             return True
+        if not (_object_only(a) and _object_only(b)):
+            return False  # required keys say nothing of the values that are no objects
         for key in set(a.get("required", [])) & set(b.get("required", [])):
             xa = self.known_values(a.get("properties", {}).get(key, True), pointer)
             xb = self.known_values(b.get("properties", {}).get(key, True), pointer)
             if xa is not None and xb is not None and not (xa & xb):
                 return True
         for x, y in ((a, b), (b, a)):
-            if y.get("additionalProperties") is False and "object" in (_types_of(y) or {"object"}):
+            if y.get("additionalProperties") is False:
                 if set(x.get("required", [])) - set(y.get("properties", {})):
                     return True
         return False
-
 
     def known_values(self, node: Any, pointer: str, depth: int = 0) -> set[str] | None:
         """The values node admits, as normalized JSON texts, where it lists them (a const or

@@ -63,3 +63,12 @@ def test_all_of_merges_enums_multiples_tuples_and_closed_objects():
     oracle.assert_judges(valid=[{"a": 1}, {"a": 1, "b": None}], invalid=[{"a": "x"}, {}])
     with pytest.raises(ConstraintError, match="allOf"):  # two patterns: no intersection
         check_schema({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]})
+
+
+def test_one_of_over_required_keys_is_refused_where_branches_admit_null():
+    """null satisfies both branches (required says nothing of non-objects): Github_medium/
+    o81746's random walk wrote null for such a oneOf."""
+    with pytest.raises(ConstraintError, match="oneOf"):
+        check_schema({"type": ["object", "null"], "required": ["type"],
+                      "oneOf": [{"properties": {"type": {"enum": ["link"]}}},
+                                {"properties": {"type": {"enum": ["name"]}}}]})
