@@ -135,7 +135,9 @@ class EngineClient:
         sharing the cached grammar)."""
         if not self._accepting:
             raise OverloadedError("the engine is shutting down")
-        if not self.is_running:
+        # a slow step (a heavy prefill on a busy CPU) delays the pong; only a dead or
+        # restarting engine refuses work (a hung one is killed and restarted by the watchdog)
+        if not (self._alive and self._process.is_alive()):
             raise OverloadedError("the engine is not running (it is being restarted)")
         arrival_time = time.time() if arrival_time is None else arrival_time
         if params.constraint is not None and not compiled:
