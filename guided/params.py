@@ -8,6 +8,7 @@ from typing import Any, Literal
 from guided.errors import ConstraintError, InvalidRequestError
 
 MAX_SEED = 1 << 63
+MAX_LOGIT_BIAS = 300  # as OpenAI's API
 MAX_STOP_TOKEN_IDS = 1024  # each sampled token is looked up among them
 
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar",
@@ -76,6 +77,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's logit_bias: token id -> bias added to its logit, in [-100, 100]
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0  # EOS, stop tokens and stop strings ignored before this many tokens
     skip_special_tokens: bool = True
     n: int = 1
     # the constraint: at most one of these
@@ -100,7 +104,8 @@ class SamplingParams:
     def needs_slow_sampling(self) -> bool:
         """top-k / top-p / min-p or a penalty: the sampler's torch path, not the fused kernel."""
         return (self.filters_tokens or bool(self.presence_penalty or self.frequency_penalty)
-                or self.repetition_penalty != 1.0)
+                or self.repetition_penalty != 1.0 or bool(self.logit_bias)
+                or self.min_tokens > 0)
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str, param: str) -> None:
@@ -132,6 +137,15 @@ class SamplingParams:
             and all(isinstance(t, int) for t in self.stop_token_ids)),
              f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} integers",
              "stop_token_ids")
+        need(self.logit_bias is None or (
+            isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS
+            and all(isinstance(k, int) and k >= 0 and isinstance(v, (int, float))
+                    and -100.0 <= v <= 100.0 for k, v in self.logit_bias.items())),
+             f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to biases in [-100, 100]",
+             "logit_bias")
+        need(isinstance(self.min_tokens, int) and self.min_tokens >= 0
+             and (self.max_tokens is None or self.min_tokens <= self.max_tokens),
+             "min_tokens must be an integer in [0, max_tokens]", "min_tokens")
         need(self.output_kind in ("cumulative", "final"),
              "output_kind must be 'cumulative' or 'final'", "output_kind")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

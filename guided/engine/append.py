@@ -77,7 +77,7 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     elif not on_stop_token or n > 1:
         checked = len(request.text)
         detokenize_step(decode, request, params.skip_special_tokens)
-        if params.stop_list:
+        if params.stop_list and len(output) >= params.min_tokens:  # vLLM's rule
             hit = find_stop(request.text, params.stop_list, checked)
             if hit is not None:
                 request.text = request.text[:hit[0]]

@@ -126,6 +126,9 @@ class Engine:
             raise OverloadedError(f"{self.scheduler.num_unfinished} requests in flight; retry later")
         prompt_ids = prompt_token_ids(self.tokenizer, prompt, vocab_size=self.vocab_size,
                                       max_model_len=self.max_model_len)
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise InvalidRequestError(f"logit_bias names token {max(params.logit_bias)}, past "
+                                      f"the vocabulary's {self.vocab_size}", param="logit_bias")
         spec = params.constraint  # raises ConstraintError for a malformed spec
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)

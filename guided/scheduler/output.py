@@ -116,7 +116,8 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
             req.prompt_token_ids,
             [req.output_token_ids + item.draft_token_ids[:j] for j in range(count)]
             if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-            else None))
+            else None,
+            stop_ids=(*req.eos_token_ids, *(p.stop_token_ids or ())) if p.min_tokens else ()))
     out = SchedulerOutput(
         input_ids=ids, positions=positions, slot_mapping=slots, query_start_loc=query_start,
         seq_lens=seq_lens, block_tables=tables, logits_indices=logits_indices,

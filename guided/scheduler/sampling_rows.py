@@ -54,6 +54,9 @@ class SamplingRows:
     prompt_ids: list[list[int]]  # prompt token ids (repetition penalty)
     num_logprobs: list[int]  # -1: none
     slow: bool | None = None  # needs_slow_path, where the builder knows it
+    logit_bias: list[dict[int, float] | None] | None = None  # (torch path)
+    # token ids the row may not sample (EOS and stop tokens before min_tokens; torch path)
+    banned: list[tuple[int, ...]] | None = None
 
     @property
     def needs_slow_path(self) -> bool:
@@ -74,6 +77,7 @@ class RowSource:
     first_index: int
     prompt_ids: list[int]
     histories: list[list[int]] | None = None
+    stop_ids: tuple[int, ...] = ()  # EOS and stop tokens, banned before params.min_tokens
 
 
 def rows_for(sources: list[RowSource]) -> SamplingRows:
@@ -105,6 +109,9 @@ def rows_for(sources: list[RowSource]) -> SamplingRows:
 
     histories = [h for s in sources for h in (s.histories or [[]] * s.count)]
     prompts = [s.prompt_ids for s in sources for _ in range(s.count)]
+    banned = [s.stop_ids if s.first_index + j < s.params.min_tokens else ()
+              for s in sources for j in range(s.count)]
     return SamplingRows(temperature, seeds, each("top_k"), each("top_p"), each("min_p"),
                         each("presence_penalty"), each("frequency_penalty"),
-                        each("repetition_penalty"), histories, prompts, num_logprobs, slow=True)
+                        each("repetition_penalty"), histories, prompts, num_logprobs, slow=True,
+                        logit_bias=each("logit_bias"), banned=banned)

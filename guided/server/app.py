@@ -41,6 +41,7 @@ from guided.server.jobs import (
 )
 from guided.server.native_routes import add_native_routes
 from guided.server.reasoning import PARSERS, wrap_constraint
+from guided.server.sampling_fields import sampling_extras
 from guided.server.sglang_routes import add_sglang_routes
 from guided.server.streaming import (
     ClientGone,
@@ -202,7 +203,7 @@ class Server:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=req.repetition_penalty or 1.0,
                 output_kind="cumulative" if req.stream else "final",
-                **constraint))
+                **sampling_extras(req), **constraint))
             job.prompt_of.append(k)
 
     # ---- running jobs ----------------------------------------------------------------------

@@ -43,11 +43,6 @@ UNSUPPORTED = {
 }
 # sampling controls the engine does not apply yet: a 400 rather than an output that ignores them
 # (an empty / zero value asks for nothing and passes)
-UNAPPLIED = {
-    "logit_bias": "logit_bias is not applied by this server yet",
-    "min_tokens": "min_tokens is not applied by this server yet",
-    "min_new_tokens": "min_new_tokens is not applied by this server yet",
-}
 STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"]}
 # names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
 CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format",
@@ -182,9 +177,6 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
     for name, why in UNSUPPORTED.items():
         if getattr(req, name, None) is not None:
             raise InvalidRequestError(f"{name}: {why}", param=name)
-    for name, why in UNAPPLIED.items():
-        if getattr(req, name, None) not in (None, 0, {}):
-            raise InvalidRequestError(why, param=name)
     for name in IGNORED:
         if getattr(req, name, None) is not None:
             logger.info("%s=%r is ignored: guided picks its backend itself", name,

@@ -38,6 +38,28 @@ def apply_penalties_(logits: torch.Tensor, rows: SamplingRows) -> None:
             row -= freq * counts + pres * (counts > 0).to(row.dtype)
 
 
+def apply_logit_bias_(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """OpenAI's logit_bias: each listed token's logit moved by its bias (ids past the logits'
+    width are not tokens of this model: skipped)."""
+    for i, bias in enumerate(rows.logit_bias or ()):
+        if bias:
+            ids = [t for t in bias if t < logits.shape[1]]
+            if ids:
+                logits[i, ids] += torch.tensor([bias[t] for t in ids], dtype=logits.dtype,
+                                               device=logits.device)
+
+
+def ban_stops_(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """min_tokens: a row before it may not sample EOS or a stop token, unless they are all its
+    grammar allows (the constraint wins: the row is left as it was)."""
+    for i, ids in enumerate(rows.banned or ()):
+        if ids:
+            saved = logits[i, list(ids)].clone()
+            logits[i, list(ids)] = float("-inf")
+            if torch.isinf(logits[i]).all():
+                logits[i, list(ids)] = saved
+
+
 def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
     """In place on temperature-scaled fp32 logits: outside top-k / top-p / min-p -> -inf."""
     for i in range(logits.shape[0]):
@@ -112,8 +134,10 @@ def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Te
     else:
         work = logits.float().clone()  # (N, V)
         apply_penalties_(work, rows)
+        apply_logit_bias_(work, rows)
         if bitmask is not None:
             apply_token_bitmask_(work, bitmask, mask_rows, vocab_size=vocab_size)
+        ban_stops_(work, rows)
         work[:, vocab_size:] = float("-inf")  # padded embedding rows are never tokens
         greedy = temperature <= 1e-5
         scaled = work / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]

@@ -139,15 +139,25 @@ def test_tokenize_detokenize_version_and_model_alias(server_url, client):
         client.models.retrieve("gpt-4")
 
 
-@pytest.mark.parametrize("kw,param", [
-    ({"logit_bias": {"42": -100}}, "logit_bias"),
-    ({"extra_body": {"min_tokens": 5}}, "min_tokens"),
-])
-def test_sampling_controls_not_applied_yet_are_refused(client, kw, param):
+def test_logit_bias_and_min_tokens_are_applied(server_url, client):
+    """A strong bias forces its token; min_tokens keeps the answer going past where greedy
+    decoding would end it; a bias on a token past the vocabulary is a 400 naming the field."""
+    messages = [{"role": "user", "content": "Say OK."}]
+    forced = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0,
+                                       logit_bias={"42": 100})
+    want = httpx.post(server_url + "/detokenize", json={"tokens": [42, 42, 42]}).json()
+    assert forced.choices[0].text == want["prompt"]
+    short = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=64,
+                                           temperature=0)
+    assert short.choices[0].finish_reason == "stop"
+    n = short.usage.completion_tokens
+    longer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=64,
+                                            temperature=0, extra_body={"min_tokens": n + 5})
+    assert longer.usage.completion_tokens >= n + 5
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                       max_tokens=4, **kw)
-    assert e.value.body["param"] == param
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                       logit_bias={"999999": 5})
+    assert e.value.body["param"] == "logit_bias"
 
 
 # ---- one language per constraint ------------------------------------------------------------

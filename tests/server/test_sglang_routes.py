@@ -58,7 +58,7 @@ def test_generate_batches_input_ids_and_streams(http):
     ({"text": "x", "sampling_params": {"regex": "a", "json_schema": "{}"}},
      "sampling_params.regex"),
     ({"text": "x", "sampling_params": {"structural_tag": 5}}, "sampling_params.structural_tag"),
-    ({"text": "x", "sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens"),
+    ({"text": "x", "sampling_params": {"min_new_tokens": -3}}, "sampling_params.min_new_tokens"),
     ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"text": "x", "sampling_params": {"regex": "(a"}}, "sampling_params.regex"),
     ({"text": "x", "input_ids": [1]}, "text"),

@@ -3,6 +3,7 @@ torch path (filters, penalties) draw the same Gumbel noise."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from guided.scheduler.sampling_rows import SamplingRows
 
@@ -51,3 +52,24 @@ def test_rows_for_repeats_each_request_over_its_rows(slow):
         assert rows.top_k == [-1, -1, -1, 5, -1, -1]
         assert rows.prompt_ids == [[1, 2]] * 3 + [[3]] + [[5]] * 2
         assert rows.history == [[], [], [], [4], [], []]
+
+
+def test_logit_bias_moves_its_tokens_and_min_tokens_bans_stops_unless_nothing_else_is_left():
+    from guided.worker.sampler import apply_logit_bias_, ban_stops_
+
+    logits = torch.zeros(3, 8)
+    rows = SimpleRows(logit_bias=[{5: 100.0}, None, {1: -100.0, 99: 3.0}],
+                      banned=[(), (2, 3), (2,)])
+    apply_logit_bias_(logits, rows)
+    assert logits[0, 5] == 100.0 and logits[2, 1] == -100.0 and logits[1].abs().sum() == 0
+    ban_stops_(logits, rows)
+    assert torch.isinf(logits[1, [2, 3]]).all() and torch.isinf(logits[2, 2])
+    only_stop = torch.full((1, 8), float("-inf"))
+    only_stop[0, 2] = 0.0  # the grammar allows EOS alone: the constraint wins
+    ban_stops_(only_stop, SimpleRows(logit_bias=None, banned=[(2,)]))
+    assert only_stop[0, 2] == 0.0
+
+
+class SimpleRows:
+    def __init__(self, logit_bias, banned):
+        self.logit_bias, self.banned = logit_bias, banned
