@@ -47,6 +47,8 @@ REGEX_BACKENDS = ("xgrammar", "outlines")
 MAX_QUEUED_UPGRADES = 256
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
 MAX_QUEUED_COMPILES = 256
+# regexes and grammars up to this long have their bounds checked at submit (milliseconds)
+QUICK_CHECK_CHARS = 2000
 log = logging.getLogger(__name__)
 
 
@@ -224,6 +226,11 @@ class GrammarCompiler:
         if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
                              "structural_tag"):
             return f"unknown constraint kind {spec.kind!r}"
+        if spec.kind in ("regex", "grammar") and len(spec.value) <= QUICK_CHECK_CHARS and not (
+                spec.kind == "grammar" and is_lark(spec.value)):
+            # a grammar that can never end is refused here, on the caller's thread: queued
+            # behind compiles on a busy host, a niced pool thread took seconds to say so
+            return self._xgrammar.bounds_problem(self._xgrammar.recipe(spec.kind, spec.value))
         return None
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:

@@ -160,6 +160,20 @@ class XGrammarBackend:
     def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
         return compile_recipe(self.compiler, recipe)
 
+    def bounds_problem(self, recipe: Recipe) -> str | None:
+        """Why the recipe's grammar can never end or forces unbounded text
+        (fsm/grammar_bounds.py), without compiling it; None if it passes or does not parse
+        (the compile then says why)."""
+        try:
+            grammar = grammar_of(recipe)
+        except Exception:  # noqa: BLE001 - a syntax error: compile_recipe reports it
+            return None
+        try:
+            check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
+        except ConstraintError as e:
+            return str(e)
+        return None
+
     def compile_checked_schema(self, schema: dict) -> xgr.CompiledGrammar:
         return self.compile(self.recipe("json_schema", json.dumps(schema)))
 
