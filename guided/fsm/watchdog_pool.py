@@ -18,6 +18,9 @@ from typing import Any
 from guided.errors import ConstraintError
 
 log = logging.getLogger(__name__)
+# threads (live and abandoned) per worker: a storm of compiles past their deadline leaves
+# 3 x num_workers abandoned at nice 19 before new specs would wait for one of them to end
+MAX_THREADS_PER_WORKER = 4
 # the expected-wait estimate's memory: each finished job moves it this far towards its duration
 _DURATION_WEIGHT = 0.2
 
@@ -44,7 +47,8 @@ class WatchdogPool:
     """A bounded thread pool whose jobs have a deadline from the moment they start.
 
     Invariants: live workers <= num_workers; live + abandoned (timed out or dropped, still
-    running) <= 2 x num_workers, so stuck compiles shrink the pool rather than grow the thread
+    running) <= MAX_THREADS_PER_WORKER x num_workers, so stuck compiles shrink the pool rather
+    than grow the thread
     count; an abandoned worker exits when its job ends, replaced if the pool is short.
     """
 
@@ -84,7 +88,7 @@ class WatchdogPool:
 
     @property
     def num_threads(self) -> int:
-        """Worker threads alive: never more than 2 x num_workers."""
+        """Worker threads alive: never more than MAX_THREADS_PER_WORKER x num_workers."""
         with self._cond:
             return self._live + len(self._abandoned)
 
@@ -118,7 +122,6 @@ class WatchdogPool:
             for worker_id, running in self._running.items():
                 if running[0] is future and worker_id not in self._abandoned:
                     self._abandon(worker_id)
-                    _renice(self._tids.get(worker_id), 19)
                     break
         if queued is not None:
             future.cancel()  # outside the lock: its callbacks may take their owner's lock
@@ -221,7 +224,11 @@ class WatchdogPool:
     def _abandon(self, worker_id: int) -> None:  # caller holds the lock
         self._abandoned.add(worker_id)
         self._live -= 1
-        if self._live + len(self._abandoned) < 2 * self.num_workers and not self._closed:
+        # an abandoned job runs on at the lowest priority: the fresh worker that replaces it
+        # (a new schema after a storm of slow ones) comes first for the cores
+        _renice(self._tids.get(worker_id), 19)
+        if (self._live + len(self._abandoned) < MAX_THREADS_PER_WORKER * self.num_workers
+                and not self._closed):
             self._spawn()
 
 
