@@ -111,3 +111,26 @@ def test_instances_judged_and_the_matcher_interface(compiler):
     assert matcher.accept_token(eos) and matcher.is_terminated()
     matcher.rollback(1)
     assert not matcher.is_terminated() and matcher.accept_token(eos)
+
+
+@pytest.mark.slow
+def test_the_engine_serves_an_llguidance_schema(compiler):
+    """The real default model, offline: a schema with long string bounds (llguidance's) gives
+    outputs that validate."""
+    from guided import LLM, SamplingParams
+
+    schema = {"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 120},
+        "code": {"type": "string", "pattern": "^[A-Z]+$", "maxLength": 70},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}},
+        "required": ["title", "code", "tags"]}
+    assert compiler.compile(ConstraintSpec.json_schema(schema)).backend == "llguidance"
+    llm = LLM(device="cpu", dtype="float32")
+    prompt = [{"role": "user", "content": "Describe a book as JSON: " + json.dumps(schema)}]
+    outs = llm.chat([prompt] * 2, SamplingParams(max_tokens=120, temperature=0.8, seed=1,
+                                                  json_schema=schema))
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    finished = [o for o in outs if o.finish_reason == "stop"]
+    assert finished
+    for out in finished:
+        assert validator.is_valid(json.loads(out.text)), out.text
