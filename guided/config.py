@@ -48,6 +48,8 @@ class EngineConfig:
     compile_timeout_s: float = _option(30.0, "seconds a constraint may take to compile")
 
     # execution
+    tensor_parallel_size: int = _option(1, "GPUs (or CPU ranks) the model is split over, one "
+                                           "worker process each (1: the worker in-process)")
     cuda_graphs: bool = _option(True, "replay decode and verify steps as CUDA graphs (off: "
                                       "eager, as vLLM's --enforce-eager)")
     async_scheduling: bool | None = _option(
@@ -78,12 +80,17 @@ class EngineConfig:
              "dtype must be auto, float32, bfloat16 or float16", "dtype")
         need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
              "device must be auto, cpu or cuda[:N]", "device")
+        need(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1",
+             "tensor_parallel_size")
+        need(self.tensor_parallel_size == 1 or not self.device.startswith("cuda:"),
+             "with tensor_parallel_size > 1 rank r runs on cuda:r: pick the GPUs with "
+             "CUDA_VISIBLE_DEVICES instead of device=cuda:N", "device")
         need(self.compile_timeout_s > 0, "compile_timeout_s must be > 0", "compile_timeout_s")
         need(self.log_stats_interval_s >= 0, "log_stats_interval_s must be >= 0",
              "log_stats_interval_s")
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -91,5 +98,5 @@ class EngineConfig:
                 f"unknown engine option(s) {unknown}; known: {sorted(names)}", param=unknown[0])
         return cls(**kwargs)
 
-    def replace(self, **changes) -> "EngineConfig":
+    def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

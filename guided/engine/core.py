@@ -33,8 +33,8 @@ from guided.scheduler.output import RowMap, build_output
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import ScheduledRequest, Scheduler, StepPlan
 from guided.worker import loader
-from guided.worker.executor import LocalExecutor
-from guided.worker.model_runner import ModelRunner, resolve_device
+from guided.worker.executor import make_executor
+from guided.worker.model_runner import resolve_device
 from guided.worker.step_io import RunnerOutput, SampledStep
 from guided.worker.step_times import StepTimes
 
@@ -58,8 +58,6 @@ class Engine:
         self.model_name = config.model
         self.tokenizer = loader.load_tokenizer(config.model)
         model_config = loader.load_model_config(config.model)
-        state = None if config.model.startswith("synthetic:") else loader.load_state_dict(
-            config.model)
         self.vocab_size = len(self.tokenizer)  # the runner checks the model has as many rows
         self.step_times = StepTimes()
         on_gpu = resolve_device(config).type == "cuda"
@@ -68,12 +66,11 @@ class Engine:
         self.compile_settings = CompileSettings.for_host(
             any_whitespace=config.any_whitespace, compile_timeout_s=config.compile_timeout_s,
             on_gpu=on_gpu)
-        self.runner = ModelRunner(config, model_config, state, vocab_size=self.vocab_size,
-                                  step_times=self.step_times)
-        del state
-        self.executor = LocalExecutor(self.runner)
-        self.max_model_len = self.runner.max_model_len
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+        self.executor = make_executor(config, model_config, vocab_size=self.vocab_size,
+                                      step_times=self.step_times)
+        self.runner = getattr(self.executor, "runner", None)  # in-process (tensor parallel 1)
+        self.max_model_len = self.executor.max_model_len
+        self.block_manager = BlockManager(self.executor.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.eos_token_ids = eos_token_ids(self.tokenizer)
@@ -91,11 +88,11 @@ class Engine:
         self._rng = random.Random(config.seed)
         self.stats_totals = EngineStats()
         freeze_startup_heap()  # full collections would walk it every time (engine/heap.py)
-        log.info("engine ready in %.1f s: model %s on %s (%s), %d KV blocks x %d tokens, "
-                 "max_model_len %d, %s scheduling", time.perf_counter() - t0,
-                 config.model, self.runner.device, str(self.runner.dtype).removeprefix("torch."),
-                 self.runner.num_blocks, config.block_size, self.max_model_len,
-                 "overlapped" if self.depth else "synchronous")
+        log.info("engine ready in %.1f s: model %s on %s (%s, tensor parallel %d), %d KV blocks "
+                 "x %d tokens, max_model_len %d, %s scheduling", time.perf_counter() - t0,
+                 config.model, self.executor.device, self.executor.dtype,
+                 config.tensor_parallel_size, self.executor.num_blocks, config.block_size,
+                 self.max_model_len, "overlapped" if self.depth else "synchronous")
 
     @property
     def compiler(self):
@@ -113,7 +110,7 @@ class Engine:
         if self._drafts is None:
             self._drafts = DraftProposer(
                 self._encoder, self.compiler.vocab.token_bytes, max_model_len=self.max_model_len,
-                max_draft_tokens=self.runner.max_draft_tokens, special_ids=self._special_ids,
+                max_draft_tokens=self.executor.max_draft_tokens, special_ids=self._special_ids,
                 overlap=self.depth > 0, payoff=self.anchor_payoff)
         return self._drafts
 

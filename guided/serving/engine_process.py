@@ -182,9 +182,9 @@ def main(config, commands, events, log_level: str = "info") -> None:
 
 def engine_info(core) -> m.EngineInfo:
     """What the server needs of the engine (guided/server/app.py Server, cli's startup log)."""
-    runner = getattr(core, "runner", None)
+    executor = getattr(core, "executor", None)
     return m.EngineInfo(
         model_name=core.model_name, config=core.config, max_model_len=core.max_model_len,
         tokenizer=core.tokenizer, initial_stats=core.stats(),
-        device=str(getattr(runner, "device", core.config.device)),
-        dtype=str(getattr(runner, "dtype", core.config.dtype)).removeprefix("torch."))
+        device=str(getattr(executor, "device", core.config.device)),
+        dtype=str(getattr(executor, "dtype", core.config.dtype)))

@@ -11,10 +11,12 @@ from guided.config import EngineConfig
 from guided.scheduler.output import SchedulerOutput
 from guided.worker.attention_metadata import AttentionMetadata
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
+from guided.worker.distributed import SINGLE, ParallelContext, rank_device
 from guided.worker.host_bitmasks import HostBitmasks
 from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
-from guided.worker.models.llama import LlamaForCausalLM
+from guided.worker.models.llama import build_model
+from guided.worker.models.weights import WeightReader
 from guided.worker.sampler import sample_on_device
 from guided.worker.step_io import LaunchedStep, SampledStep, StepInputs, StepMasks
 from guided.worker.step_times import StepTimes
@@ -37,22 +39,33 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig,
-                 state_dict: dict[str, torch.Tensor] | None, *, vocab_size: int,
+    """One rank's worker: the whole model at ctx.world_size 1, else rank ctx.rank's shard of it
+    (models/parallel.py) with the KV cache of its KV heads; the logits and the samples are whole
+    and equal on every rank."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, reader: WeightReader, *,
+                 vocab_size: int, ctx: ParallelContext = SINGLE,
                  step_times: StepTimes | None = None):
         if vocab_size > model_config.vocab_size:
             raise ValueError(f"tokenizer has {vocab_size} tokens but the model only "
                              f"{model_config.vocab_size} embedding rows")
         self.config = config
+        self.ctx = ctx
         self.times = step_times or StepTimes()
         self.model_config = model_config
         self.device = resolve_device(config)
+        if ctx.world_size > 1:  # one device per rank: cuda:LOCAL_RANK
+            self.device = rank_device(self.device.type)
         self.dtype = resolve_dtype(config, self.device)
         self.vocab_size = vocab_size  # the tokenizer's: logits columns past it are never sampled
         self.block_size = config.block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
-        self.model = self._build_model(state_dict)
+        self.model = build_model(model_config, reader, device=self.device, dtype=self.dtype,
+                                 ctx=ctx)
+        if self.device.type == "cuda":
+            self.model.use_compiled_ops()
+        self.num_kv_heads = self.model.layout.num_kv_heads  # this rank's
         self.num_blocks = self._size_kv_cache()
         cfg = model_config
         # (L, 2, num_blocks + 1, block_size, Hkv, D): one allocation, per-layer (k, v) views;
@@ -60,40 +73,41 @@ class ModelRunner:
         # zeroed on the CPU: the torch reference gathers whole blocks, unwritten slots included
         alloc = torch.zeros if self.device.type == "cpu" else torch.empty
         self.kv_cache = alloc(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
-                              cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
+                              self.num_kv_heads, cfg.head_dim, dtype=self.dtype,
+                              device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
         self._bitmasks = HostBitmasks(self.mask_words, self.device)
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
+            # at world size > 1 the graphs hold the layers' all-reduces (NCCL collectives are
+            # captured like kernels); every rank captures the same graphs in the same order
             self.graphs = StepGraphs(
                 self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
                 block_size=self.block_size, scratch_block=self.num_blocks, device=self.device,
                 max_step_tokens=config.max_num_batched_tokens)
 
-    def _build_model(self, state_dict) -> LlamaForCausalLM:
-        with torch.device("meta"):  # no time spent on an init the weights overwrite
-            model = LlamaForCausalLM(self.model_config)
-        model.to_empty(device=self.device)
-        model.rope.reset_tables()
-        for p in model.parameters():  # rope tables stay fp32
-            p.data = p.data.to(self.dtype)
-        if state_dict is None:
-            model.init_random_(self.config.seed)
-        else:
-            model.load_hf_state_dict(state_dict)
-        if self.device.type == "cuda":
-            model.use_compiled_ops()
-        return model.eval()
-
     def kv_bytes_per_block(self) -> int:
+        """This rank's bytes of one KV block (its KV heads only)."""
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+        return 2 * cfg.num_layers * self.block_size * self.num_kv_heads * cfg.head_dim * elem
 
     def _size_kv_cache(self) -> int:
+        """The blocks every rank has room for: a block id means the same tokens on each rank,
+        so the rank with the least room sets the number (all ranks take part, even where one
+        has no room, so that none waits for a rank that gave up)."""
+        num = self._blocks_with_room()
+        if self.ctx.world_size > 1:
+            num = self.ctx.all_min(num)
+        if num < 2:
+            raise MemoryError(f"no room for the KV cache ({num} blocks of "
+                              f"{self.kv_bytes_per_block() / 2**20:.1f} MiB on some rank)")
+        return num
+
+    def _blocks_with_room(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
@@ -108,10 +122,7 @@ class ModelRunner:
             budget = min(total * self.config.gpu_memory_utilization - weights, free) - reserve
         else:
             budget = CPU_KV_CACHE_BYTES
-        num = int(budget // per_block)
-        if num < 2:
-            raise MemoryError(f"no room for the KV cache ({budget / 2**30:.2f} GiB left)")
-        return num
+        return max(int(budget // per_block), 0)
 
     # -- one step -----------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> StepInputs:

@@ -1,0 +1,184 @@
+"""One tensor-parallel rank's process: `python -m guided.worker.rank_process FD`, started by the
+engine (worker/multiproc.py) with the env:// rendezvous in its environment (MASTER_ADDR,
+MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its end of a socket pair as FD.
+
+It joins the ranks, builds its shard (a ModelRunner over its ParallelContext), says Ready, then
+runs each step it is sent: Launch (the forward pass, queued) and Sample (the masked sampling).
+Every rank samples the same tokens (same logits after the gather, same masks, the same seeded
+Gumbel noise), so each keeps its own last sampled ids on its device for the next step's
+placeholders; rank 0 alone sends the tokens back. Any failure is reported (Failed) and ends the
+process: a rank that stopped halfway through a collective leaves the group unusable."""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+import torch
+
+from guided.worker import loader
+from guided.worker.distributed import destroy_distributed, init_distributed, rank_device
+from guided.worker.messages import (
+    Failed,
+    Forget,
+    Launch,
+    Ready,
+    Sample,
+    Sampled,
+    Stop,
+    WorkerSpec,
+    decode,
+    encode,
+)
+from guided.worker.model_runner import ModelRunner, resolve_device
+from guided.worker.shared_bitmasks import MaskReader
+from guided.worker.step_io import LaunchedStep, SampledStep, StepMasks
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the engine's goes (Linux): a rank blocked in a collective
+    would never read the closed pipe, and would hold its GPU forever."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+
+
+class RankWorker:
+    def __init__(self, spec: WorkerSpec, conn: Connection):
+        self.spec = spec
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        device = resolve_device(spec.config)
+        if device.type == "cpu":  # the host's cores shared out between the ranks
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // spec.world_size))
+        self.ctx = init_distributed(rank_device(device.type))
+        self.runner = ModelRunner(spec.config, spec.model_config,
+                                  loader.weight_reader(spec.config.model, spec.config.seed),
+                                  vocab_size=spec.vocab_size, ctx=self.ctx)
+        self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
+                                spec.world_size)
+        self._launched: tuple[int, LaunchedStep] | None = None
+        self._last_sampled: SampledStep | None = None
+        # rank 0 on a GPU: the tokens go back from a thread, so that waiting for step t's
+        # tokens never holds up the launch of t+1 (the engine sends it meanwhile)
+        self._outbox: queue.Queue | None = None
+        if spec.rank == 0 and self.runner.device.type == "cuda":
+            self._outbox = queue.Queue()
+            threading.Thread(target=self._send_results, name="rank0-results",
+                             daemon=True).start()
+
+    def send(self, message) -> None:
+        with self._send_lock:
+            self.conn.send_bytes(encode(message))
+
+    def ready(self) -> Ready:
+        r = self.runner
+        return Ready(self.spec.rank, r.num_blocks, r.max_model_len, r.max_draft_tokens,
+                     str(r.device), str(r.dtype).removeprefix("torch."))
+
+    def serve(self) -> None:
+        while True:
+            message = decode(self.conn.recv_bytes())
+            if isinstance(message, Launch):
+                self._launch(message)
+            elif isinstance(message, Sample):
+                self._sample(message)
+            elif isinstance(message, Forget):
+                self._launched = self._last_sampled = None
+            elif isinstance(message, Stop):
+                return
+            else:
+                raise TypeError(f"unexpected message {type(message).__name__}")
+
+    def _launch(self, message: Launch) -> None:
+        if self._launched is not None:
+            raise RuntimeError("a step is launched and not sampled yet")
+        out = message.out
+        previous = None
+        if out.placeholder_index:
+            previous = self._last_sampled.token_ids
+        inputs = self.runner.prepare(out)
+        self._launched = (message.step, self.runner.launch(inputs, previous))
+
+    def _sample(self, message: Sample) -> None:
+        if self._launched is None or self._launched[0] != message.step:
+            raise RuntimeError(f"step {message.step} is sampled but not launched")
+        launched, self._launched = self._launched[1], None
+        masks = None
+        slot = message.masks
+        if slot is not None:
+            rows = self.masks.read(slot.slot, slot.path, slot.num_rows)
+            own = self.runner.new_bitmask(slot.num_rows)
+            own.copy_(rows)  # out of the shared slot at once: the engine refills it
+            self.masks.consumed(message.step)
+            masks = StepMasks(own, slot.mask_rows)
+        self._last_sampled = self.runner.sample(launched, masks)
+        if self.spec.rank != 0:
+            return
+        if self._outbox is None:
+            self.send(Sampled(message.step, self._last_sampled.result()))
+        else:
+            self._outbox.put((message.step, self._last_sampled))
+
+    def _send_results(self) -> None:
+        while True:
+            step, sampled = self._outbox.get()
+            try:
+                self.send(Sampled(step, sampled.result()))
+            except BaseException as e:  # noqa: BLE001 - reported, then the process ends
+                self.fail(e)
+
+    def fail(self, error: BaseException) -> None:
+        log.exception("rank %d failed", self.spec.rank)
+        try:
+            self.send(Failed(self.spec.rank, f"{type(error).__name__}: {error}"))
+        except OSError:
+            pass
+        os._exit(1)  # threads and the process group left as they are: the engine reaps us
+
+    def close(self) -> None:
+        self.masks.close()
+        destroy_distributed(self.ctx)
+
+
+def main(fd: int) -> None:
+    die_with_parent()
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: where a rank hangs
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine stops the ranks (Stop, or kill)
+    conn = Connection(fd)
+    spec: WorkerSpec = decode(conn.recv_bytes())
+    logging.basicConfig(level=spec.log_level,
+                        format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s")
+    worker = None
+    try:
+        worker = RankWorker(spec, conn)
+        worker.send(worker.ready())
+        worker.serve()
+    except (EOFError, ConnectionResetError):  # the engine went away
+        os._exit(0)
+    except BaseException as e:
+        if worker is None:
+            log.exception("rank %d failed to start", spec.rank)
+            conn.send_bytes(encode(Failed(spec.rank, f"{type(e).__name__}: {e}")))
+            os._exit(1)
+        worker.fail(e)
+    worker.close()
+    conn.close()
+    logging.shutdown()
+    os._exit(0)  # left the group: the interpreter's teardown has nothing left to do
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

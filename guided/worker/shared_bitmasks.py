@@ -1,0 +1,141 @@
+"""A step's bitmask rows in shared memory: the engine's mask filler writes them once, straight
+into a segment every rank maps, and the step's Sample message only names it (messages.MaskSlot).
+
+    engine:  take(rows, step) -> a (rows, words) int32 view of slot k's segment to fill
+    rank r:  read(slot) -> the view (copied out at once), then consumed(r, step)
+
+NUM_SLOTS segments are taken in turn (step t fills one while the ranks may still read t-1's), each
+grown to the most rows seen; a slot is filled again only after every rank has said it copied the
+last step's rows out of it (a counter per rank in a shared segment of its own). Segments are files
+in /dev/shm (no Python resource tracker: the engine creates and unlinks them, ranks map them)."""
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+NUM_SLOTS = 2
+MIN_ROWS = 64
+WAIT_POLL_S = 0.0005  # a rank still reading a slot: seen only after a failed step (forget)
+
+
+def _shm_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+class Segment:
+    """A named file mapped into memory (created by the engine, opened by the ranks)."""
+
+    def __init__(self, path: Path, size: int, *, create: bool):
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.size = size
+
+    def array(self, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return np.frombuffer(self.map, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:  # a view still alive: the mapping goes with it
+            pass
+
+    def unlink(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class SharedBitmasks:
+    """The engine's side: mask rows to fill, in shared memory."""
+
+    def __init__(self, words: int, num_ranks: int):
+        self.words = words
+        self.prefix = f"guided-{os.getpid()}-{id(self):x}"
+        self._generation = 0
+        counters = _shm_dir() / f"{self.prefix}-consumed"
+        self.consumed_segment = Segment(counters, 8 * num_ranks, create=True)
+        # each rank's last step whose mask rows it has copied out
+        self._consumed = self.consumed_segment.array(np.int64, (num_ranks,))
+        self._consumed[:] = -1
+        self._segments: list[Segment | None] = [None] * NUM_SLOTS
+        self._rows: list[int] = [0] * NUM_SLOTS
+        self._last_step: list[int] = [-1] * NUM_SLOTS
+        self._next = 0
+
+    @property
+    def consumed_path(self) -> str:
+        return str(self.consumed_segment.path)
+
+    def take(self, num_rows: int, step: int, *, wait: Callable[[], None]) -> tuple[
+            torch.Tensor, int, str]:
+        """(an int32 (num_rows, words) view to fill, its slot, the segment's path). wait: called
+        between polls while a rank still reads the slot (raises if a rank has died)."""
+        slot = self._next
+        self._next = (slot + 1) % NUM_SLOTS
+        while int(self._consumed.min()) < self._last_step[slot]:
+            wait()
+            time.sleep(WAIT_POLL_S)
+        self._last_step[slot] = step
+        segment = self._segments[slot]
+        if segment is None or self._rows[slot] < num_rows:
+            capacity = max(MIN_ROWS, 1 << (num_rows - 1).bit_length())
+            if segment is not None:  # the ranks keep their mapping until they see the new one
+                segment.close()
+                segment.unlink()
+            self._generation += 1
+            path = _shm_dir() / f"{self.prefix}-{slot}-{self._generation}"
+            segment = self._segments[slot] = Segment(path, capacity * self.words * 4, create=True)
+            self._rows[slot] = capacity
+        rows = segment.array(np.int32, (self._rows[slot], self.words))[:num_rows]
+        return torch.from_numpy(rows), slot, str(segment.path)
+
+    def close(self) -> None:
+        for segment in [*self._segments, self.consumed_segment]:
+            if segment is not None:
+                segment.close()
+                segment.unlink()
+        self._segments = [None] * NUM_SLOTS
+
+
+class MaskReader:
+    """A rank's side: the segments it has mapped, one per slot (a grown slot's new segment
+    replaces the old mapping)."""
+
+    def __init__(self, rank: int, consumed_path: str, words: int, num_ranks: int):
+        self.rank = rank
+        self.words = words
+        self._consumed_segment = Segment(Path(consumed_path), 8 * num_ranks, create=False)
+        self._consumed = self._consumed_segment.array(np.int64, (num_ranks,))
+        self._mapped: dict[int, Segment] = {}
+
+    def read(self, slot: int, path: str, num_rows: int) -> torch.Tensor:
+        """The (num_rows, words) rows in the slot; valid until consumed() is called."""
+        segment = self._mapped.get(slot)
+        if segment is None or str(segment.path) != path:
+            if segment is not None:
+                segment.close()
+            size = os.stat(path).st_size
+            segment = self._mapped[slot] = Segment(Path(path), size, create=False)
+        rows = segment.array(np.int32, (segment.size // (4 * self.words), self.words))
+        return torch.from_numpy(rows[:num_rows])
+
+    def consumed(self, step: int) -> None:
+        self._consumed[self.rank] = step
+
+    def close(self) -> None:
+        for segment in [*self._mapped.values(), self._consumed_segment]:
+            segment.close()
+        self._mapped = {}

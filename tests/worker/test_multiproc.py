@@ -1,0 +1,98 @@
+"""Tensor parallelism through the engine: the default model in float32 on 2 gloo ranks (worker
+processes) gives token for token the greedy outputs of the in-process worker, free and under
+JSON-schema, regex and choice constraints; a rank killed mid-step fails the step with a clear
+error within seconds (never a hang); shutdown reaps the ranks and frees the shared memory."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from guided import LLM, SamplingParams
+from guided.worker.multiproc import WorkerDied
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
+CHOICES = ["sunny", "rainy", "cloudy with a chance of meatballs"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # the 2-rank engine overlaps its steps (as on a GPU): each rank gathers the placeholder
+    # inputs from the tokens it sampled itself
+    options = dict(device="cpu", dtype="float32", num_kv_blocks=128, max_num_seqs=8)
+    one = LLM(**options)
+    two = LLM(**options, tensor_parallel_size=2, async_scheduling=True)
+    yield one, two
+    one.engine.shutdown()
+    two.engine.shutdown()
+
+
+def test_two_ranks_give_the_greedy_outputs_of_one(pair):
+    one, two = pair
+    assert two.engine.runner is None and two.engine.depth == 1
+    assert two.engine.block_manager.num_blocks == 128
+    asks = ["Describe a person as JSON.", "When is the next full moon? Answer with a date.",
+            "What is the weather like?", "Write a haiku about the sea."]
+    prompts = [one.apply_chat_template([{"role": "user", "content": a}]) for a in asks]
+    params = [SamplingParams(temperature=0, max_tokens=24, json_schema=PERSON),
+              SamplingParams(temperature=0, max_tokens=16, regex=DATE),
+              SamplingParams(temperature=0, max_tokens=16, choice=CHOICES),
+              SamplingParams(temperature=0, max_tokens=12)]
+    want = one.generate(prompts, params)
+    got = two.generate(prompts, params)
+    for a, b in zip(got, want):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    person, date, choice, free = got
+    if person.finish_reason == "stop":
+        jsonschema.validate(json.loads(person.text), PERSON)
+    assert re.fullmatch(DATE, date.text)
+    assert choice.text in CHOICES
+    assert free.text and free.finish_reason == "length"
+    assert two.engine.stats().kv_blocks_in_use == 0
+
+
+def _rank_pids(llm: LLM) -> list[int]:
+    return [h.process.pid for h in llm.engine.executor.ranks]
+
+
+def test_a_killed_rank_fails_the_step_instead_of_hanging_it():
+    llm = LLM(model="synthetic:tiny", device="cpu", tensor_parallel_size=2, num_kv_blocks=64)
+    executor = llm.engine.executor
+    masks_prefix = executor._masks.prefix
+    try:
+        assert len(llm.generate("hello", SamplingParams(max_tokens=4, ignore_eos=True))[0]
+                   .token_ids) == 4
+        pids = _rank_pids(llm)
+        killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="rank 1 .*signal 9"):
+            llm.generate("hello", SamplingParams(max_tokens=100_000, ignore_eos=True))
+        assert time.monotonic() - t0 < 60
+        killer.join()
+        for pid in pids:  # the survivor was killed and every rank reaped: no zombies left
+            assert not Path(f"/proc/{pid}").exists()
+        with pytest.raises(WorkerDied):  # later steps fail at once, with the same error
+            llm.generate("again", SamplingParams(max_tokens=2))
+        assert llm.engine.stats().kv_blocks_in_use == 0
+    finally:
+        llm.engine.shutdown()
+    assert executor.ranks == []
+    assert not list(Path("/dev/shm").glob(f"{masks_prefix}*"))
+
+
+def test_shutdown_stops_and_reaps_the_ranks():
+    llm = LLM(model="synthetic:tiny", device="cpu", tensor_parallel_size=2, num_kv_blocks=64)
+    handles = list(llm.engine.executor.ranks)
+    llm.engine.shutdown()
+    assert [h.process.returncode for h in handles] == [0, 0]  # they left the group themselves
