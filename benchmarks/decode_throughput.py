@@ -1,7 +1,7 @@
 """Decode tokens/s at several batch sizes, and the batch-1 decode step beside the HBM floor.
 
     python benchmarks/decode_throughput.py --model default --model synthetic:llama-3-8b \
-        --batch 1,16,64,256
+        --batch 1,16,64,256 [--tensor-parallel-size 2]
 
 Decode is timed after every request finished its prefill: B requests with short prompts and
 ignore_eos, N decode steps (tokens per request) timed with a device sync at the end. The floor
@@ -57,7 +57,7 @@ def measure(engine: Engine, batch: int, num_steps: int, prompt_len: int) -> dict
     # prefill everything, then a few warm-up decode steps
     while any(len(r.output_token_ids) < 3 for r in engine.requests.values()):
         engine.step()
-    device = engine.runner.device
+    device = torch.device(engine.executor.device)
     requests = list(engine.requests.values())
     start = min(len(r.output_token_ids) for r in requests)
     sync(device)
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="ranks (GPUs); above 1 the HBM floor is not computed")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     models = args.model or ["default"]
@@ -89,22 +91,26 @@ def main() -> None:
     rows = []
     for model in models:
         config = EngineConfig(model=model, max_num_seqs=max(batches), max_model_len=2048,
-                              cuda_graphs=not args.no_cuda_graphs)
+                              cuda_graphs=not args.no_cuda_graphs,
+                              tensor_parallel_size=args.tensor_parallel_size)
         engine = Engine(config)
-        device = engine.runner.device
-        bw = copy_bandwidth(device) if device.type == "cuda" else None
-        weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
-        kv_per_token = engine.runner.kv_bytes_per_block() / engine.config.block_size
+        runner = engine.runner  # None above tensor parallel 1: the ranks hold the model
+        device = torch.device(engine.executor.device)
+        bw = copy_bandwidth(device) if device.type == "cuda" and runner else None
+        weight_bytes = kv_per_token = 0
+        if runner is not None:
+            weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+            kv_per_token = runner.kv_bytes_per_block() / engine.config.block_size
         for batch in batches:
             r = measure(engine, batch, args.steps, args.prompt_len)
             floor_ms = None
             if bw:
                 avg_kv = r["kv_tokens"] - batch * args.steps / 2
                 floor_ms = 1e3 * (weight_bytes + avg_kv * kv_per_token) / bw
-            r.update(model=model, dtype=str(engine.runner.dtype).removeprefix("torch."),
+            r.update(model=model, dtype=engine.executor.dtype, tp=args.tensor_parallel_size,
                      floor_ms=floor_ms, weight_gb=weight_bytes / 1e9,
                      bw_tbs=bw / 1e12 if bw else None,
-                     graphs=engine.runner.graphs is not None)
+                     graphs=config.cuda_graphs and device.type == "cuda")
             rows.append(r)
             print(f"{model} batch {batch}: {r['tok_s']:.0f} tok/s, step {r['step_ms']:.2f} ms"
                   + (f" (floor {floor_ms:.2f} ms)" if floor_ms else ""), file=sys.stderr)
@@ -116,12 +122,12 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\ndecode throughput on {gpu} (steps {args.steps}, prompt {args.prompt_len}, "
           f"CUDA graphs {'off' if args.no_cuda_graphs else 'on'})\n")
-    print("| model | dtype | batch | decode tok/s | step ms | HBM floor ms | step / floor |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | dtype | TP | batch | decode tok/s | step ms | HBM floor ms | step / floor |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = f"{r['floor_ms']:.2f}" if r["floor_ms"] else "-"
         ratio = f"{r['step_ms'] / r['floor_ms']:.2f}" if r["floor_ms"] else "-"
-        print(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['tok_s']:.0f} | "
+        print(f"| {r['model']} | {r['dtype']} | {r['tp']} | {r['batch']} | {r['tok_s']:.0f} | "
               f"{r['step_ms']:.2f} | {floor} | {ratio} |")
     if rows and rows[0]["bw_tbs"]:
         print(f"\ncopy bandwidth (read + write): {rows[0]['bw_tbs']:.2f} TB/s")

@@ -3,19 +3,22 @@ a decode step's Launch (its SchedulerOutput, pickled once, written to each rank'
 bitmask rows, either pickled into the message or filled into shared memory that the ranks copy
 out of (worker/shared_bitmasks.py).
 
-Each row is the median over --steps round trips: the engine sends, every rank decodes (and
-copies the mask rows out, where they are in shared memory) and answers one byte; the engine
-waits for all answers. `send` is the engine's part alone (encode + writes), the time a step's
-critical path on the engine's side grows by. The answers exist for the measurement only: the
-real ranks answer nothing but rank 0's tokens.
+Each row is the median over --steps round trips: the engine sends, every rank decodes, copies
+the mask rows out into a buffer of its own (from the message's bytes or from shared memory, as
+the real rank does into its pinned buffer) and answers with its CPU time; the engine waits for
+every answer. CPU times (thread_time) hold on a busy host; the wall-clock round trip includes
+waking the ranks and is only meaningful on an idle one. The answers exist for the measurement:
+the real ranks answer nothing but rank 0's tokens.
 
     python benchmarks/step_messages.py [--ranks 2] [--steps 50]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
@@ -25,19 +28,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "worker"))
 
-from test_messages import decode_step  # noqa: E402 - a realistic step, as the tests build it
+from test_messages import decode_step
 
-from guided.worker.messages import Launch, MaskSlot, Sample, decode, encode  # noqa: E402
-from guided.worker.shared_bitmasks import MaskReader, SharedBitmasks  # noqa: E402
+from guided.worker.messages import Launch, MaskSlot, Sample, decode, encode
+from guided.worker.shared_bitmasks import MaskReader, SharedBitmasks
 
 CONTEXT_LEN = 2048  # tokens per request: 129 block-table entries a row
 
 
 def rank_loop(conn, rank: int, consumed_path: str, words: int, num_ranks: int) -> None:
+    torch.set_num_threads(1)  # as a CPU rank; no OpenMP spin-waits counted as copy time
     reader = MaskReader(rank, consumed_path, words, num_ranks)
     own = torch.empty(0, words, dtype=torch.int32)
     while True:
-        message = decode(conn.recv_bytes())
+        data = conn.recv_bytes()
+        t0 = time.thread_time()
+        message = decode(data)
         if message is None:
             return
         if isinstance(message, Sample) and message.masks is not None:
@@ -51,26 +57,31 @@ def rank_loop(conn, rank: int, consumed_path: str, words: int, num_ranks: int) -
             own[:rows.shape[0]].copy_(rows)  # into the rank's own (pinned) buffer, as it does
             if not isinstance(slot, bytes):
                 reader.consumed(message.step)
-        conn.send_bytes(b"k")
+        conn.send_bytes(struct.pack("d", time.thread_time() - t0))
 
 
-def measure(conns, make_message, steps: int, fill=None) -> tuple[float, float, int]:
-    """(median round trip µs, median send µs, message bytes). fill(step): the mask filler's
-    writes, before the clock starts (the same work in either design)."""
-    trips, sends, size = [], [], 0
-    for step in range(steps):
+_steps = itertools.count()  # step numbers only grow, as the executor's (shared slots need it)
+
+
+def measure(conns, make_message, steps: int, fill=None) -> tuple[float, float, float, int]:
+    """Medians in µs of (the engine's CPU time to encode and write, the slowest rank's CPU
+    time to decode and copy the mask rows out, the wall-clock round trip), and the message's
+    bytes. fill(step): the mask filler's writes, before the clock starts (the same work in
+    either design)."""
+    trips, sends, ranks, size = [], [], [], 0
+    for _ in range(steps):
+        step = next(_steps)
         message = fill(step) if fill is not None else None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         data = encode(make_message(step) if message is None else message)
         for conn in conns:
             conn.send_bytes(data)
-        t1 = time.perf_counter()
-        for conn in conns:
-            conn.recv_bytes()
+        sends.append(time.thread_time() - c0)
+        ranks.append(max(struct.unpack("d", conn.recv_bytes())[0] for conn in conns))
         trips.append(time.perf_counter() - t0)
-        sends.append(t1 - t0)
         size = len(data)
-    return 1e6 * statistics.median(trips), 1e6 * statistics.median(sends), size
+    return (1e6 * statistics.median(sends), 1e6 * statistics.median(ranks),
+            1e6 * statistics.median(trips), size)
 
 
 def main() -> None:
@@ -81,8 +92,8 @@ def main() -> None:
     print(f"{args.ranks} ranks, decode steps of {CONTEXT_LEN}-token requests, every row "
           "constrained, median of", args.steps, "steps")
     print(f"| {'message':<34} | {'batch':>5} | {'vocab':>7} | {'bytes':>9} | "
-          f"{'send µs':>8} | {'round trip µs':>13} |")
-    print(f"|{'-' * 36}|{'-' * 7}|{'-' * 9}|{'-' * 11}|{'-' * 10}|{'-' * 15}|")
+          f"{'engine CPU µs':>13} | {'rank CPU µs':>11} | {'round trip µs':>13} |")
+    print(f"|{'-' * 36}|{'-' * 7}|{'-' * 9}|{'-' * 11}|{'-' * 15}|{'-' * 13}|{'-' * 15}|")
     for vocab in (49_152, 128_256):
         words = -(-vocab // 32)
         shared = SharedBitmasks(words, args.ranks)
@@ -99,7 +110,7 @@ def main() -> None:
                 mask = torch.randint(-2**31, 2**31 - 1, (batch, words), dtype=torch.int32)
                 rows = list(range(batch))
 
-                def shm_fill(step, batch=batch, mask=mask, rows=rows):
+                def shm_fill(step, batch=batch, mask=mask, rows=rows, shared=shared):
                     view, slot, path = shared.take(batch, step, wait=lambda: None)
                     view.copy_(mask)  # the filler writing the rows in place
                     return Sample(step, MaskSlot(slot, path, batch, rows))
@@ -112,9 +123,9 @@ def main() -> None:
                 if vocab != 49_152:
                     cases = cases[1:]
                 for name, make, fill in cases:
-                    trip, send, size = measure(conns, make, args.steps, fill)
-                    print(f"| {name:<34} | {batch:>5} | {vocab:>7} | {size:>9,} | {send:>8.0f} | "
-                          f"{trip:>13.0f} |", flush=True)
+                    send, rank, trip, size = measure(conns, make, args.steps, fill)
+                    print(f"| {name:<34} | {batch:>5} | {vocab:>7} | {size:>9,} | {send:>13.0f} "
+                          f"| {rank:>11.0f} | {trip:>13.0f} |", flush=True)
         finally:
             for conn in conns:
                 conn.send_bytes(encode(None))

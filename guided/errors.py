@@ -30,3 +30,9 @@ class CompileTimeoutError(OverloadedError):
     background and fill the cache)."""
 
     retry_after_s = 5
+
+
+class EngineDeadError(GuidedError, RuntimeError):
+    """The engine cannot run another step (a tensor-parallel worker died): its in-flight
+    requests fail with this error, and whoever runs the engine must start a new one (the
+    server's engine process exits, and the server starts a fresh one)."""

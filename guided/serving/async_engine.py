@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from guided.errors import InvalidRequestError, OverloadedError
+from guided.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
@@ -285,6 +285,9 @@ class AsyncEngine:
                              len(self._live))
             self._abort_all("error", error=f"internal engine error: {type(e).__name__}: {e}",
                             error_type="internal")
+            if isinstance(e, EngineDeadError):  # no step can run again: the thread ends (the
+                self._flush()  # engine process exits and the server starts a new one)
+                raise
             if self.engine.has_unfinished_requests():
                 self._wait_for_command(_STEP_FAILURE_BACKOFF_S)
             return

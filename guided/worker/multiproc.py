@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import atexit
 import logging
-from collections import deque
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
 
-import guided
 from guided.config import EngineConfig
+from guided.errors import EngineDeadError
 from guided.scheduler.output import SchedulerOutput
 from guided.worker import loader
 from guided.worker.messages import (
@@ -54,7 +54,7 @@ START_TIMEOUT_S = 900.0  # building a 70B shard and capturing its graphs takes m
 STOP_GRACE_S = 10.0  # a rank told to stop leaves the group and exits; past this it is killed
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(EngineDeadError):
     """A rank is gone or failed: the executor cannot run another step."""
 
 
@@ -103,6 +103,7 @@ class MultiprocExecutor:
         self._launched = False
         self._masks = SharedBitmasks(-(-vocab_size // 32), n)
         self._mask_slot: tuple[int, str, int] | None = None
+        self._pending: dict[int, RunnerOutput] = {}  # rank 0's tokens read ahead, by step
         self.ranks: list[RankHandle] = []
         atexit.register(self.shutdown)  # an engine never shut down still reaps its ranks
         port = os.environ.get("MASTER_PORT") or str(free_port())
@@ -124,7 +125,6 @@ class MultiprocExecutor:
         self.num_blocks, self.max_model_len = first.num_blocks, first.max_model_len
         self.max_draft_tokens = first.max_draft_tokens
         self.device, self.dtype = first.device, first.dtype
-        self._pending: dict[int, RunnerOutput] = {}
 
     # -- the step -----------------------------------------------------------------------------
     def launch(self, out: SchedulerOutput) -> None:
@@ -294,7 +294,7 @@ def rank_env(rank: int, world_size: int, device_type: str, master_port: str
     if device_type == "cpu":  # torch's threads: the host's cores shared out between the ranks
         env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // world_size))
     # the ranks import the same guided as this process
-    root = str(Path(guided.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 

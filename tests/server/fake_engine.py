@@ -1,7 +1,8 @@
 """A model-free stand-in for guided.engine.core.Engine (same API) for fast server and async tests.
 
 The output of a request is scripted by its prompt: the text after the last "ECHO:" (up to the
-next "<|im_end|>") is emitted one byte-token per step. "RAISE" makes step() raise; "SLOW" emits
+next "<|im_end|>") is emitted one byte-token per step. "RAISE" makes step() raise; "DEAD" raise
+EngineDeadError (as a dead tensor-parallel worker does); "SLOW" emits
 nothing for a long time (a request that never finishes on its own)."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from guided.config import EngineConfig
-from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+from guided.errors import ConstraintError, EngineDeadError, InvalidRequestError, OverloadedError
 from guided.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from guided.params import ConstraintSpec, SamplingParams
 from guided.server.protocol import _bytes_to_unicode
@@ -113,6 +114,8 @@ class FakeEngine:
             script_text = self.tokenizer.decode(r.script)
             if script_text == "RAISE":
                 raise RuntimeError("boom")
+            if script_text == "DEAD":
+                raise EngineDeadError("tensor-parallel worker lost: rank 1 exited by signal 9")
             if script_text == "SLOW":
                 time.sleep(0.01)
                 continue

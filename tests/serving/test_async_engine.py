@@ -129,6 +129,19 @@ def test_a_failing_step_fails_the_requests_not_the_thread(fake):
     assert fake.is_running
 
 
+def test_a_dead_engine_fails_its_requests_and_stops_the_thread(fake):
+    """EngineDeadError (a tensor-parallel worker died): no step can run again, so the thread
+    ends (in the engine process: the process exits and the server starts a new one)."""
+    async def main():
+        dead = await collect(fake, "dead", "ECHO:DEAD")
+        assert dead[-1].finish_reason == "error" and "rank 1" in dead[-1].error
+        with pytest.raises(OverloadedError):
+            await collect(fake, "after", "ECHO:fine")
+
+    asyncio.run(main())
+    assert not fake.is_running
+
+
 def test_on_finished_hook_sees_every_finished_request():
     seen = []
     engine = AsyncEngine(fake_engine.FakeEngine(), on_finished=seen.append)

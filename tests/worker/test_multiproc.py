@@ -96,3 +96,32 @@ def test_shutdown_stops_and_reaps_the_ranks():
     handles = list(llm.engine.executor.ranks)
     llm.engine.shutdown()
     assert [h.process.returncode for h in handles] == [0, 0]  # they left the group themselves
+
+
+@pytest.mark.gpu
+def test_two_gpus_give_the_greedy_outputs_of_one_with_cuda_graphs():
+    """2 NCCL ranks, CUDA graphs with the all-reduces captured inside, overlapped steps: the
+    default model in float32 gives the greedy tokens of one GPU (not run on the CPU machine)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    options = dict(device="cuda", dtype="float32", max_num_seqs=16, max_model_len=2048)
+    one = LLM(**options)
+    assert one.engine.runner.graphs is not None
+    prompts = [one.apply_chat_template([{"role": "user", "content": a}])
+               for a in ("Describe a person as JSON.", "Write a haiku about the sea.")]
+    params = [SamplingParams(temperature=0, max_tokens=32, json_schema=PERSON),
+              SamplingParams(temperature=0, max_tokens=32)]
+    want = one.generate(prompts, params)
+    one.engine.shutdown()
+    del one
+    two = LLM(**options, tensor_parallel_size=2)
+    try:
+        assert two.engine.depth == 1 and two.engine.executor.device == "cuda:0"
+        got = two.generate(prompts, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        if got[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(got[0].text), PERSON)
+    finally:
+        two.engine.shutdown()
