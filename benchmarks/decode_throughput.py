@@ -57,7 +57,9 @@ def measure(engine: Engine, batch: int, num_steps: int, prompt_len: int) -> dict
     # prefill everything, then a few warm-up decode steps
     while any(len(r.output_token_ids) < 3 for r in engine.requests.values()):
         engine.step()
-    device = torch.device(engine.executor.device)
+    # above tensor parallel 1 the ranks own the GPUs: each step's tokens come back from rank 0,
+    # so the engine's process never syncs (nor opens a CUDA context of its own)
+    device = torch.device(engine.executor.device if engine.runner else "cpu")
     requests = list(engine.requests.values())
     start = min(len(r.output_token_ids) for r in requests)
     sync(device)
