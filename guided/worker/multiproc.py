@@ -119,6 +119,7 @@ class MultiprocExecutor:
         except BaseException:
             self.shutdown()
             raise
+        self._masks.unlink_counters()  # every rank has them mapped
         first = ready[0]
         if len({r.num_blocks for r in ready}) != 1:  # model_runner's all_min: never seen
             raise WorkerDied(f"the ranks disagree on KV blocks: {[r.num_blocks for r in ready]}")
@@ -148,6 +149,8 @@ class MultiprocExecutor:
             index, path, num_rows = self._mask_slot
             slot = MaskSlot(index, path, num_rows, masks.mask_rows)
         self._broadcast(Sample(self._step, slot))
+        if slot is not None:
+            self._masks.sent(slot.slot, self._step)
         return PendingTokens(self, self._step)
 
     def forget(self) -> None:

@@ -7,7 +7,8 @@ into a segment every rank maps, and the step's Sample message only names it (mes
 NUM_SLOTS segments are taken in turn (step t fills one while the ranks may still read t-1's), each
 grown to the most rows seen; a slot is filled again only after every rank has said it copied the
 last step's rows out of it (a counter per rank in a shared segment of its own). Segments are files
-in /dev/shm (no Python resource tracker: the engine creates and unlinks them, ranks map them)."""
+in /dev/shm (no Python resource tracker: the engine creates them, ranks map them), unlinked as soon
+as every rank has mapped them, so that an engine killed outright leaves nothing behind."""
 from __future__ import annotations
 
 import mmap
@@ -73,6 +74,10 @@ class SharedBitmasks:
         self._segments: list[Segment | None] = [None] * NUM_SLOTS
         self._rows: list[int] = [0] * NUM_SLOTS
         self._last_step: list[int] = [-1] * NUM_SLOTS
+        # a new segment's first step sent to the ranks: once all have copied it out, all have
+        # mapped the file and its name can go
+        self._unlink_after: list[int | None] = [None] * NUM_SLOTS
+        self._fresh: list[bool] = [False] * NUM_SLOTS
         self._next = 0
 
     @property
@@ -83,6 +88,7 @@ class SharedBitmasks:
             torch.Tensor, int, str]:
         """(an int32 (num_rows, words) view to fill, its slot, the segment's path). wait: called
         between polls while a rank still reads the slot (raises if a rank has died)."""
+        self._unlink_mapped()
         slot = self._next
         self._next = (slot + 1) % NUM_SLOTS
         while int(self._consumed.min()) < self._last_step[slot]:
@@ -99,8 +105,25 @@ class SharedBitmasks:
             path = _shm_dir() / f"{self.prefix}-{slot}-{self._generation}"
             segment = self._segments[slot] = Segment(path, capacity * self.words * 4, create=True)
             self._rows[slot] = capacity
+            self._fresh[slot], self._unlink_after[slot] = True, None
         rows = segment.array(np.int32, (self._rows[slot], self.words))[:num_rows]
         return torch.from_numpy(rows), slot, str(segment.path)
+
+    def sent(self, slot: int, step: int) -> None:
+        """Step `step`'s Sample, naming slot's segment, went to every rank."""
+        if self._fresh[slot] and self._unlink_after[slot] is None:
+            self._unlink_after[slot] = step
+
+    def _unlink_mapped(self) -> None:
+        done = int(self._consumed.min())
+        for slot, after in enumerate(self._unlink_after):
+            if after is not None and done >= after:  # every rank has it mapped
+                self._segments[slot].unlink()
+                self._fresh[slot], self._unlink_after[slot] = False, None
+
+    def unlink_counters(self) -> None:
+        """Once every rank has mapped the counters (they do before saying Ready)."""
+        self.consumed_segment.unlink()
 
     def close(self) -> None:
         for segment in [*self._segments, self.consumed_segment]:

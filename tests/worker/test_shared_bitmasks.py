@@ -55,3 +55,27 @@ def test_a_slot_grows_into_a_new_segment_and_close_unlinks_them_all():
     reader.close()
     shared.close()
     assert not any(Path(p).exists() for p in paths) and not Path(shared.consumed_path).exists()
+
+
+def test_files_are_unlinked_once_every_rank_has_mapped_them():
+    """An engine killed outright leaves nothing in /dev/shm: a segment's name goes once every
+    rank has read the step that first named it (their mappings stay valid)."""
+    shared = SharedBitmasks(WORDS, num_ranks=2)
+    readers = [MaskReader(r, shared.consumed_path, WORDS, 2) for r in range(2)]
+    shared.unlink_counters()
+    assert not Path(shared.consumed_path).exists()
+    rows, slot, path = shared.take(4, 1, wait=lambda: None)
+    rows.fill_(7)
+    shared.sent(slot, 1)
+    seen = [reader.read(slot, path, 4) for reader in readers]
+    readers[0].consumed(1)
+    shared.take(4, 2, wait=lambda: None)  # rank 1 has not read step 1 yet: the name stays
+    assert Path(path).exists()
+    readers[1].consumed(1)
+    shared.take(4, 3, wait=lambda: None)
+    assert not Path(path).exists()
+    assert all(int(rows.sum()) == 7 * 4 * WORDS for rows in seen)
+    readers[0].consumed(1)  # the counters still work through the readers' mappings
+    for reader in readers:
+        reader.close()
+    shared.close()
