@@ -31,8 +31,9 @@ class ParallelContext:
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """(world_size, *x.shape): every rank's x, rank-major; the same shape on every rank."""
         out = x.new_empty((self.world_size * x.shape[0], *x.shape[1:]))
-        # the concatenated form: gloo takes no stacked output
-        dist.all_gather_single(out, x.contiguous(), group=self.group)
+        # the concatenated form (gloo takes no stacked output); all_gather_into_tensor, which
+        # the GPU image's torch 2.11 has (all_gather_single is newer) and gloo takes too
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
         return out.view(self.world_size, *x.shape)
 
     def all_min(self, value: int) -> int:
