@@ -10,6 +10,31 @@ from pathlib import Path
 import pytest
 
 
+def _import_triton_for_its_interpreter() -> None:
+    """Without CUDA the kernel tests run Triton's interpreter, which needs triton's own library
+    (tl.zeros and the rest of triton.language.standard) decorated for it: whichever test module
+    imports triton first decides that for the session, so it is imported here first, with
+    TRITON_INTERPRET set, and the variable restored (the engine's CPU path never launches a
+    kernel; tests/kernels/conftest.py sets it around its own tests)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    except ImportError:  # no triton: the kernel tests use the torch references
+        pass
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+_import_triton_for_its_interpreter()
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
