@@ -35,7 +35,7 @@ from guided.scheduler.scheduler import ScheduledRequest, Scheduler, StepPlan
 from guided.worker import loader
 from guided.worker.executor import make_executor
 from guided.worker.model_runner import resolve_device
-from guided.worker.step_io import RunnerOutput, SampledStep
+from guided.worker.step_io import RunnerOutput, SampledTokens
 from guided.worker.step_times import StepTimes
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,9 @@ class InFlight:
     tokens once sampled (on their way to the host)."""
     plan: StepPlan
     rows: RowMap
-    mask_rows: list[int]
-    sampled: SampledStep | None = None
+    mask_rows: list[int]  # (N,) per sampled row its bitmask row, -1: unconstrained
+    num_mask_rows: int
+    sampled: SampledTokens | None = None
 
 
 class Engine:
@@ -209,13 +210,12 @@ class Engine:
                                      placeholders=placeholders)
         self.executor.launch(out)
         self.scheduler.launched(plan)
-        return InFlight(plan, rows, out.mask_rows)
+        return InFlight(plan, rows, out.mask_rows, out.num_mask_rows)
 
     def _sample(self, step: InFlight) -> InFlight:
         masks = None
-        num_rows = max(step.mask_rows, default=-1) + 1
-        if num_rows:
-            filled = fill_step_masks(step.plan, self.executor.new_bitmask(num_rows),
+        if step.num_mask_rows:
+            filled = fill_step_masks(step.plan, self.executor.new_bitmask(step.num_mask_rows),
                                      step.mask_rows, times=self.step_times)
             masks = filled.masks
             for request, error in filled.failed:  # its sample is dropped by the update

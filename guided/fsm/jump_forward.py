@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from guided.fsm.matcher import Matcher
 
-if TYPE_CHECKING:  # prompt lookup is the engine's; a walk only reads its index
-    from guided.engine.ngram import NgramIndex
+
+class PromptLookup(Protocol):
+    """What a walk asks of a request's prompt-lookup index (the engine's engine/ngram.py)."""
+
+    def lookup(self, suffix: list[int], *, min_n: int, max_n: int, k: int) -> list[int]: ...
 
 MAX_BOUNDARY_TOKENS = 4
 # bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's
@@ -133,7 +136,7 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
 
 def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                          output_ids: list[int], *, max_tokens: int,
-                         lookup: NgramIndex | None = None, lookup_tokens: int = 0,
+                         lookup: PromptLookup | None = None, lookup_tokens: int = 0,
                          lookup_min_n: int = 2, lookup_max_n: int = 4,
                          unindexed: list[int] | tuple = ()) -> tuple[list[int], int]:
     """Draft tokens at the matcher's state, and how many of them are forced text: the forced
@@ -158,7 +161,7 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
 
 def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                             output_ids: list[int], assumed: list[int], *, max_tokens: int,
-                            lookup: NgramIndex | None = None, lookup_tokens: int = 0,
+                            lookup: PromptLookup | None = None, lookup_tokens: int = 0,
                             lookup_min_n: int = 2, lookup_max_n: int = 4
                             ) -> tuple[int | None, list[int], int]:
     """Drafts for a request whose next step is in flight (overlapped scheduling): that step
@@ -196,7 +199,7 @@ class DraftAsk:
 
 
 def make_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher, output_ids: list[int],
-                ask: DraftAsk, lookup: NgramIndex | None) -> tuple[int | None, list[int], int]:
+                ask: DraftAsk, lookup: PromptLookup | None) -> tuple[int | None, list[int], int]:
     """(anchor, drafts, how many drafts are forced text) for `ask` at the matcher's state (the
     committed tokens output_ids); lookup: the request's synced index, where ask allows it."""
     lookup = lookup if ask.lookup_tokens else None

@@ -10,7 +10,7 @@ _SPM_SPACE = "\u2581"  # ▁
 
 
 @lru_cache(maxsize=1)
-def _gpt2_byte_decoder() -> dict[str, int]:
+def gpt2_byte_decoder() -> dict[str, int]:
     """GPT-2's reversible byte <-> printable unicode table (bytes_to_unicode), inverted."""
     printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
                  + list(range(ord("®"), ord("ÿ") + 1)))
@@ -80,7 +80,7 @@ class TokenVocab:
 
 
 def _looks_byte_level(pieces: list[str | None], special_ids: set[int]) -> bool:
-    table = _gpt2_byte_decoder()
+    table = gpt2_byte_decoder()
     normal = [p for i, p in enumerate(pieces) if p is not None and i not in special_ids]
     if any(_SPM_SPACE in p for p in normal[:5000]) and not any("Ġ" in p for p in normal[:5000]):
         return False
@@ -88,7 +88,7 @@ def _looks_byte_level(pieces: list[str | None], special_ids: set[int]) -> bool:
 
 
 def _decode_byte_level(piece: str) -> bytes:
-    table = _gpt2_byte_decoder()
+    table = gpt2_byte_decoder()
     try:
         return bytes(table[ch] for ch in piece)
     except KeyError:  # an added non-special token written as plain text

@@ -6,41 +6,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
-from guided.serving.async_engine import AsyncEngine, RequestStream
 from guided.errors import (
     CompileTimeoutError,
     ConstraintError,
     InvalidRequestError,
     OverloadedError,
 )
-from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
 from guided.server.admission import Admission, register_metrics
 from guided.server.auth import ApiKeyMiddleware
-from guided.server.door import check_unicode, clip
-from guided.server.prompting import PromptWork, chat_chars, completion_chars
+from guided.server.door import MAX_BODY_BYTES, BodyTooLarge, clip, read_json
 from guided.server.jobs import (
     Job,
     ModelNotFound,
     constraint_kwargs,
     empty_output,
-    message_out,
     model_id,
     new_id,
     raise_if_error,
 )
+from guided.server.logprobs import TokenTexts
+from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.server.native_routes import add_native_routes
+from guided.server.prompting import PromptWork, chat_chars, completion_chars
 from guided.server.reasoning import PARSERS, wrap_constraint
+from guided.server.responses import chat_response, completion_response
 from guided.server.sampling_fields import sampling_extras
 from guided.server.sglang_routes import add_sglang_routes
 from guided.server.streaming import (
@@ -58,14 +56,10 @@ from guided.server.tools import (
     template_kwargs,
     template_supports_tools,
 )
+from guided.serving.async_engine import AsyncEngine, RequestStream
 
 logger = logging.getLogger("guided.server")
 
-MAX_BODY_BYTES = 32 * 1024 * 1024  # far above any prompt that fits a context; a 413 past it
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
@@ -95,7 +89,7 @@ class Server:
             self.tokenizer = copy.deepcopy(core.tokenizer)
         except Exception:  # noqa: BLE001
             self.tokenizer = core.tokenizer
-        self.texts = P.TokenTexts(self.tokenizer)
+        self.texts = TokenTexts(self.tokenizer)
         self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
         # the engine runs max_num_seqs at once: more would only share its steps thinner
         self.admission = Admission(core.config.max_num_seqs,
@@ -262,62 +256,6 @@ class Server:
             raise_if_error(out)
         return outs
 
-    def usage(self, job: Job, outs: list[RequestOutput]) -> P.UsageInfo:
-        prompt = sum(len(p) for p in job.prompts)
-        completion = sum(len(o.token_ids) for o in outs)
-        return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                           total_tokens=prompt + completion)
-
-    def chat_response(self, job: Job, outs: list[RequestOutput]) -> P.ChatCompletionResponse:
-        choices = []
-        for i, out in enumerate(outs):
-            message, reason = message_out(job.plan, out, reasoning=job.reasoning)
-            logprobs = P.chat_logprobs(out.logprobs or [], self.texts, job.num_top) \
-                if job.params[i].logprobs is not None else None
-            choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs,
-                                        finish_reason=reason))
-        return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
-                                        usage=self.usage(job, outs))
-
-    def completion_response(self, job: Job, outs: list[RequestOutput], echo: bool
-                            ) -> P.CompletionResponse:
-        choices = []
-        for i, out in enumerate(outs):
-            prefix = job.echo[job.prompt_of[i]] if echo else ""
-            logprobs = P.completion_logprobs(out.logprobs or [], self.texts, job.num_top,
-                                             len(prefix)) \
-                if job.params[i].logprobs is not None else None
-            choices.append(P.CompletionChoice(index=i, text=prefix + out.text, logprobs=logprobs,
-                                              finish_reason=out.finish_reason))
-        return P.CompletionResponse(id=job.request_id, model=job.model, choices=choices,
-                                    usage=self.usage(job, outs))
-
-
-async def read_json(request: Request):
-    """The body as JSON; InvalidRequestError for anything that is not (BodyTooLarge past
-    MAX_BODY_BYTES)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise BodyTooLarge
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise BodyTooLarge
-            chunks.append(chunk)
-    except ClientDisconnect:  # gone while sending its body: nobody to answer (was a 500)
-        raise ClientGone from None
-    raw = b"".join(chunks)
-    try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise InvalidRequestError("the request body is nested too deeply") from None
-    check_unicode(raw, value)
-    return value
-
 
 # ---- the app ------------------------------------------------------------------------------------
 
@@ -381,7 +319,7 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
 
             async def run():
                 streams = await server.start(job)
-                return server.chat_response(job, await server.finals(job, streams))
+                return chat_response(job, await server.finals(job, streams), server.texts)
 
             response = await unless_disconnected(request, run())
         return JSONResponse(response.model_dump(exclude_none=True))
@@ -399,8 +337,8 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
 
             async def run():
                 streams = await server.start(job)
-                return server.completion_response(job, await server.finals(job, streams),
-                                                  req.echo)
+                return completion_response(job, await server.finals(job, streams),
+                                           server.texts, echo=req.echo)
 
             response = await unless_disconnected(request, run())
         return JSONResponse(response.model_dump(exclude_none=True))

@@ -3,11 +3,16 @@ it can raise deep inside templating, tokenizing or a step, and what an error mes
 the input is cut to a bounded size."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-from guided.errors import InvalidRequestError
+from starlette.requests import ClientDisconnect, Request
 
+from guided.errors import InvalidRequestError
+from guided.server.streaming import ClientGone
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # far above any prompt that fits a context; a 413 past it
 # an error message quotes at most this much (a 1 MB model name used to come back whole)
 MAX_ERROR_CHARS = 1000
 # a lone surrogate can only arrive as a JSON escape (\ud800): raw bytes of one are not UTF-8
@@ -46,3 +51,33 @@ def check_unicode(raw: bytes, value: Any) -> None:
                 stack.append((child, child_path))
         elif isinstance(item, list):
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_json(request: Request):
+    """The body as JSON; InvalidRequestError for anything that is not (BodyTooLarge past
+    MAX_BODY_BYTES)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise BodyTooLarge
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone while sending its body: nobody to answer (was a 500)
+        raise ClientGone from None
+    raw = b"".join(chunks)
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequestError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply") from None
+    check_unicode(raw, value)
+    return value

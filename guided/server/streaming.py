@@ -15,7 +15,9 @@ from fastapi.responses import StreamingResponse
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
+from guided.server.logprobs import chat_logprobs, completion_logprobs
 from guided.server.reasoning import split_reasoning
+from guided.server.responses import usage
 from guided.server.sse import ChunkFrame, sse
 from guided.server.tool_output import ToolCallStreamer
 from guided.serving.async_engine import RequestStream
@@ -107,7 +109,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         if job.params[i].logprobs is not None:
             new_entries = (out.logprobs or [])[sent_tokens[i]:]
             if new_entries:
-                logprobs = P.chat_logprobs(new_entries, server.texts, job.num_top)
+                logprobs = chat_logprobs(new_entries, server.texts, job.num_top)
                 sent_tokens[i] += len(new_entries)
         finish = finish_reason(out, bool(streamers[i] and streamers[i].calls))
         legacy = job.plan is not None and job.plan.legacy
@@ -124,7 +126,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         if out.finished:
             finals[i] = out
     if include_usage:
-        yield frame.chat([], usage=server.usage(job, list(finals.values())))
+        yield frame.chat([], usage=usage(job, list(finals.values())))
     yield DONE
 
 
@@ -161,7 +163,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         if job.params[i].logprobs is not None:
             new_entries = (out.logprobs or [])[sent_tokens[i]:]
             if new_entries:
-                logprobs = P.completion_logprobs(new_entries, server.texts, job.num_top,
+                logprobs = completion_logprobs(new_entries, server.texts, job.num_top,
                                                  offsets[i] + len(text) - len(new_text))
                 sent_tokens[i] += len(new_entries)
         finish = out.finish_reason if out.finished else None
@@ -173,7 +175,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         if out.finished:
             finals[i] = out
     if include_usage:
-        yield frame.completion([], usage=server.usage(job, list(finals.values())))
+        yield frame.completion([], usage=usage(job, list(finals.values())))
     yield DONE
 
 

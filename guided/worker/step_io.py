@@ -4,6 +4,7 @@ their way to the host; and the two values the worker is handed, the SchedulerOut
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -45,6 +46,12 @@ class LaunchedStep:
 class RunnerOutput:
     token_ids: list[int]  # (N,) one sampled token per row
     logprobs: list  # (N,) (sampled lp, top-k) per row, or None
+
+
+class SampledTokens(Protocol):
+    """A step's tokens on their way to the host, whichever executor sampled them."""
+
+    def result(self) -> RunnerOutput: ...
 
 
 @dataclass(slots=True)

@@ -16,9 +16,9 @@ from transformers import PreTrainedTokenizerFast
 
 from guided.config import EngineConfig
 from guided.errors import ConstraintError, EngineDeadError, InvalidRequestError, OverloadedError
+from guided.fsm.vocab import gpt2_byte_decoder
 from guided.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from guided.params import ConstraintSpec, SamplingParams
-from guided.server.protocol import _bytes_to_unicode
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -27,7 +27,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """256 byte tokens (ids 3..258) after <|endoftext|>, <|im_start|>, <|im_end|> (0, 1, 2)."""
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    for b, c in sorted(_bytes_to_unicode().items()):
+    for c, b in sorted(gpt2_byte_decoder().items(), key=lambda item: item[1]):
         vocab[c] = 3 + b
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

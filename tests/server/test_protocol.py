@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from guided.errors import InvalidRequestError
-from guided.outputs import TokenLogprob
 from guided.server import protocol as P
 
 
@@ -90,35 +89,3 @@ def test_error_body_shape():
     body = P.error_body("bad", param="x", code="c")
     assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": "x",
                               "code": "c"}}
-
-
-class _Tok:
-    """Byte-level pieces: 'Ġ' is the space byte, 'Ã©' are the two bytes of 'é'."""
-    def __init__(self):
-        self.all_special_ids = [0]
-        self.pieces = {0: "<s>", 1: "Ġhi", 2: "Ã", 3: "©"}
-
-    def convert_ids_to_tokens(self, i):
-        return self.pieces[i]
-
-    def decode(self, ids):
-        return "".join(self.pieces[i] for i in ids)
-
-
-def test_token_texts_bytes():
-    t = P.TokenTexts(_Tok())
-    assert t.bytes(1) == b" hi" and t.text(1) == " hi"
-    assert t.bytes(2) + t.bytes(3) == "é".encode()
-    assert t.text(2) == "\ufffd"
-    assert t.bytes(0) == b"<s>"
-
-
-def test_chat_and_completion_logprobs():
-    t = P.TokenTexts(_Tok())
-    entries = [TokenLogprob(1, -0.1, [(1, -0.1), (0, -3.0)])]
-    c = P.chat_logprobs(entries, t, 1)
-    assert c.content[0].token == " hi" and c.content[0].bytes == list(b" hi")
-    assert [x.token for x in c.content[0].top_logprobs] == [" hi"]
-    lp = P.completion_logprobs(entries, t, 2, offset=5)
-    assert lp.tokens == [" hi"] and lp.text_offset == [5]
-    assert lp.top_logprobs == [{" hi": -0.1, "<s>": -3.0}]
