@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 
 from fastapi import FastAPI, Request
@@ -56,7 +55,8 @@ from guided.server.tools import (
     template_kwargs,
     template_supports_tools,
 )
-from guided.serving.async_engine import AsyncEngine, RequestStream
+from guided.serving.client import EngineClient
+from guided.serving.request_stream import RequestStream
 
 logger = logging.getLogger("guided.server")
 
@@ -71,7 +71,7 @@ def error_response(status: int, message: str, *, type: str = "invalid_request_er
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine, *, served_model_name: str | None = None,
+    def __init__(self, engine: EngineClient, *, served_model_name: str | None = None,
                  reasoning_parser: str | None = None):
         self.engine = engine
         if reasoning_parser is not None and reasoning_parser not in PARSERS:
@@ -85,10 +85,7 @@ class Server:
         # One HTTP request may not fan out into more engine requests than the waiting queue
         # holds: it could never be admitted whole (a 400, not a 503 to retry).
         self.max_choices = core.config.max_waiting_requests
-        try:  # a private copy: the engine thread decodes with the original concurrently
-            self.tokenizer = copy.deepcopy(core.tokenizer)
-        except Exception:  # noqa: BLE001
-            self.tokenizer = core.tokenizer
+        self.tokenizer = core.tokenizer  # the server's own: it came over the engine's pipe
         self.texts = TokenTexts(self.tokenizer)
         self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
         # the engine runs max_num_seqs at once: more would only share its steps thinner
@@ -216,7 +213,7 @@ class Server:
             if e.param is None:
                 e.param = job.constraint_param
             raise
-        # All choices at once: the engine thread takes them in one pass over its commands.
+        # All choices at once: the engine loop takes them in one pass over its commands.
         adds = [asyncio.ensure_future(self.engine.add_request(
             f"{job.request_id}-{i}", job.prompts[job.prompt_of[i]], params, compiled=True))
             for i, params in enumerate(job.params) if params.max_tokens != 0]
@@ -259,7 +256,7 @@ class Server:
 
 # ---- the app ------------------------------------------------------------------------------------
 
-def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
+def create_app(engine: EngineClient, *, served_model_name: str | None = None,
                drain_timeout: float = 10.0, api_key: str | None = None,
                reasoning_parser: str | None = None) -> FastAPI:
     server = Server(engine, served_model_name=served_model_name,
@@ -362,7 +359,7 @@ def create_app(engine: AsyncEngine, *, served_model_name: str | None = None,
     @app.get("/health")
     async def health() -> Response:
         if not engine.is_running:
-            return error_response(503, "the engine thread is not running", type="server_error")
+            return error_response(503, "the engine is not running", type="server_error")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

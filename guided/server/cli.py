@@ -74,9 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: $GUIDED_API_KEY; none: open)")
     serve.add_argument("--drain-timeout", type=float, default=10.0,
                        help="seconds in-flight requests may finish at shutdown (default: 10)")
-    serve.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
-                       help="run the engine in a process of its own, apart from the HTTP "
-                            "server's event loop and its GIL (guided/serving/engine_process.py)")
     add_engine_flags(serve)
 
     gen = sub.add_parser("generate", help="generate offline for one prompt")
@@ -124,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
     from guided.errors import InvalidRequestError
     from guided.server.app import create_app
     from guided.server.connections import HeaderTimeoutProtocol
-    from guided.serving.async_engine import AsyncEngine
+    from guided.serving.client import EngineClient
 
     _setup_logging(args.log_level)
     try:
@@ -132,12 +129,7 @@ def serve(args: argparse.Namespace) -> int:
     except InvalidRequestError as e:
         print(f"guided serve: {e}", file=sys.stderr)
         return 2
-    if args.engine_process:
-        from guided.serving.client import EngineClient
-
-        engine = EngineClient(config, log_level=args.log_level)
-    else:
-        engine = AsyncEngine.from_config(config)
+    engine = EngineClient(config, log_level=args.log_level)
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
                      drain_timeout=args.drain_timeout, api_key=args.api_key,

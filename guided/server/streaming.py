@@ -20,7 +20,7 @@ from guided.server.reasoning import split_reasoning
 from guided.server.responses import usage
 from guided.server.sse import ChunkFrame, sse
 from guided.server.tool_output import ToolCallStreamer
-from guided.serving.async_engine import RequestStream
+from guided.serving.request_stream import RequestStream
 
 if TYPE_CHECKING:
     from guided.server.app import Server

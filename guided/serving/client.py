@@ -1,12 +1,13 @@
-"""The server's end of an engine in its own process (guided/serving/engine_process.py says why): the
-event-loop side of AsyncEngine (compile, add_request, generate, abort, stats, shutdown), each
-call a message down a pipe, each answer and step's outputs a message back.
+"""The server's one front end to the engine, which runs in a process of its own
+(serving/engine_process.py says why): compile, add_request, generate, abort, stats, shutdown,
+each call a message down a pipe, each answer and step's outputs a message back.
 
 A reader thread takes the engine's messages: it rebuilds each step's outputs from their deltas
-(guided/serving/output_wire.py) and hands the batch to the event loop in one call, as AsyncEngine's
-engine thread does. If the engine process dies, every open request ends with an error and
-every waiting call fails; /health reports it and a fresh engine process is started in its place.
-A watchdog pings the engine thread every second (answered between steps): one silent for
+(serving/output_wire.py) and hands the batch to the event loop in one call (each such call
+writes to the loop's self-pipe, so one a step, not one an output). If the engine process dies,
+every open request ends with an error and every waiting call fails; /health reports it and a
+fresh engine process is started in its place.
+A watchdog pings the engine loop every second (answered between steps): one silent for
 UNRESPONSIVE_S is reported by /health, and past HUNG_S killed and replaced.
 """
 from __future__ import annotations
@@ -23,16 +24,16 @@ from guided.errors import OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
 from guided.serving import messages as m
-from guided.serving.async_engine import _final, _resolve
 from guided.serving.engine_process import main
 from guided.serving.messages import EngineInfo
 from guided.serving.output_wire import Received, decode
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
+from guided.serving.snapshots import final_output
 
 logger = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 1.0
-# an engine thread that has not answered a ping for this long is reported unhealthy (/health
+# an engine loop that has not answered a ping for this long is reported unhealthy (/health
 # 503); past HUNG_S it is killed and restarted. A step never takes seconds on its own: a prefill
 # chunk is bounded by max_num_batched_tokens, compiles run off the step loop
 UNRESPONSIVE_S = 5.0
@@ -45,9 +46,13 @@ class EngineClient:
 
     def __init__(self, config, *, log_level: str = "info",
                  on_finished: Callable[[RequestOutput], None] | None = None,
-                 start_timeout_s: float = 1800.0):
+                 start_timeout_s: float = 1800.0,
+                 build_engine: Callable[[], object] | None = None):
+        """build_engine: a picklable callable that builds the engine in its process instead of
+        `Engine(config)` (the server tests' model-free engine)."""
         self.on_finished = on_finished  # called on the reader thread for each finished output
         self._config, self._log_level, self._start_timeout_s = config, log_level, start_timeout_s
+        self._build_engine = build_engine
         self._send_lock = threading.Lock()
         self.engine = self._start_engine()
         self._stats = self.engine.initial_stats
@@ -64,7 +69,7 @@ class EngineClient:
         self.compile_hits = 0
         self.compiles_pending = 0
         self.restarts = 0  # engine processes replaced after they died or hung
-        self._last_pong = time.monotonic()  # the engine thread's last answer to a ping
+        self._last_pong = time.monotonic()  # the engine loop's last answer to a ping
         self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
         self._reader.start()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
@@ -75,7 +80,8 @@ class EngineClient:
         commands_in, commands = context.Pipe(duplex=False)
         events, events_out = context.Pipe(duplex=False)
         process = context.Process(target=main, name="guided-engine", daemon=True,
-                                  args=(self._config, commands_in, events_out, self._log_level))
+                                  args=(self._config, commands_in, events_out, self._log_level,
+                                        self._build_engine))
         process.start()
         commands_in.close()  # the engine's ends: an exit of the engine is EOF here
         events_out.close()
@@ -102,7 +108,7 @@ class EngineClient:
 
     @property
     def is_running(self) -> bool:
-        """Alive and answering: an engine thread silent for UNRESPONSIVE_S (a step that does
+        """Alive and answering: an engine loop silent for UNRESPONSIVE_S (a step that does
         not end) is reported at once, and replaced after HUNG_S."""
         return (self._alive and self._process.is_alive()
                 and time.monotonic() - self._last_pong < UNRESPONSIVE_S)
@@ -130,9 +136,10 @@ class EngineClient:
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           *, arrival_time: float | None = None,
                           compiled: bool = False) -> RequestStream:
-        """As AsyncEngine.add_request: errors before any output, a stream after. compiled: the
-        caller compiled the constraint already (one compile per HTTP request, its choices
-        sharing the cached grammar)."""
+        """Hand a request to the engine; raises InvalidRequestError / ConstraintError /
+        OverloadedError before any output, so a server can still answer with an error status,
+        and returns its stream after. compiled: the caller compiled the constraint already (one
+        compile per HTTP request, its choices sharing the cached grammar)."""
         if not self._accepting:
             raise OverloadedError("the engine is shutting down")
         # a slow step (a heavy prefill on a busy CPU) delays the pong; only a dead or
@@ -277,7 +284,7 @@ class EngineClient:
         for future in list(self._compiles.values()):
             _resolve(future, error)
         streams, self._streams = self._streams, {}
-        self._deliver([(stream, _final(request_id, self._last.get(request_id),
+        self._deliver([(stream, final_output(request_id, self._last.get(request_id),
                                        "error" if died else "abort",
                                        "the engine process exited" if died else None,
                                        "internal" if died else None))
@@ -313,7 +320,7 @@ class EngineClient:
         self._reader.start()
 
     def _watch(self) -> None:
-        """Ping the engine thread every PING_INTERVAL_S; one silent past HUNG_S is killed (its
+        """Ping the engine loop every PING_INTERVAL_S; one silent past HUNG_S is killed (its
         reader then restarts it)."""
         while self._stopped is None:
             time.sleep(PING_INTERVAL_S)
@@ -327,3 +334,19 @@ class EngineClient:
             if silent > HUNG_S and self._process.is_alive():
                 logger.error("the engine has not answered for %.0f s: killing it", silent)
                 self._process.kill()
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    """Settle an event loop's future from another thread (a closed loop: nobody listens)."""
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass

@@ -71,7 +71,7 @@ class Uncompile:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
-    """The server's watchdog asks whether the engine thread still turns."""
+    """The server's watchdog asks whether the engine loop still turns."""
 
 
 @dataclass(frozen=True, slots=True)

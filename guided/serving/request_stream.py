@@ -1,4 +1,4 @@
-"""One request's outputs on the event loop side of AsyncEngine: a slot holding the newest
+"""One request's outputs on the event loop side of EngineClient: a slot holding the newest
 cumulative output (not a queue), filled by deliver_all, one batch per engine step."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 from guided.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from guided.serving.async_engine import AsyncEngine
+    from guided.serving.client import EngineClient
 
 
 class RequestStream:
     """Async iterator over one request's cumulative outputs; coalesces what piled up, so a slow
     consumer always sees the latest state. Ends after the finished output."""
 
-    def __init__(self, request_id: str, owner: AsyncEngine, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request_id: str, owner: EngineClient, loop: asyncio.AbstractEventLoop):
         self.request_id = request_id
         self._owner = owner
         self._loop = loop
@@ -66,7 +66,7 @@ class RequestStream:
 
 async def stream_outputs(owner, request_id: str, prompt, params) -> AsyncIterator[RequestOutput]:
     """owner.add_request's outputs as they come; closing or cancelling the consumer aborts the
-    request (AsyncEngine's and EngineClient's generate)."""
+    request (EngineClient's generate)."""
     stream = await owner.add_request(request_id, prompt, params)
     try:
         async for out in stream:

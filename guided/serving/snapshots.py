@@ -1,5 +1,6 @@
-"""Snapshots of the engine's outputs for another thread (AsyncEngine hands them to the event
-loop): copies the engine cannot change afterwards, made without O(tokens) work per step.
+"""Snapshots of the engine's outputs: copies the engine cannot change afterwards, made without
+O(tokens) work per step (the engine loop encodes them as deltas after the engine moved on;
+the server's streams hold them while later deltas arrive).
 
 Outputs are cumulative, so copying a request's token ids (and logprobs) at every step cost the
 engine thread O(tokens) per request per step, O(tokens^2) over a request: with cold int objects
@@ -119,3 +120,15 @@ def on_history(out: RequestOutput, history: History) -> RequestOutput:
         snap.logprobs = _UNREAD
     snap.metrics = copy_metrics(out.metrics)
     return snap
+
+
+def final_output(request_id: str, last: RequestOutput | None, reason: str,
+                 error: str | None = None, error_type: str | None = None) -> RequestOutput:
+    """The finished output of a request ended from outside the engine (aborted, or its engine
+    died): its last output, if any, finished with `reason`."""
+    final = copy_output(last) if last is not None else RequestOutput(
+        request_id=request_id, prompt_token_ids=[], token_ids=[], text="")
+    final.finished, final.finish_reason = True, reason
+    final.error, final.error_type = error, error_type
+    final.metrics = copy_metrics(final.metrics)
+    return final

@@ -5,18 +5,16 @@ import asyncio
 import json
 
 import pytest
-from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fake_engine import fake_client  # tests/ is on sys.path (its rootdir-less conftest)
 from fastapi.testclient import TestClient
 
 from guided.params import SamplingParams
 from guided.server.app import create_app
-from guided.serving.async_engine import AsyncEngine
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http():
-    engine = AsyncEngine(FakeEngine(max_waiting=4))
-    with TestClient(create_app(engine, drain_timeout=0)) as client:
+    with TestClient(create_app(fake_client(max_waiting=4), drain_timeout=0)) as client:
         yield client
 
 
@@ -98,9 +96,13 @@ def test_overload_is_503(http):
             await engine.add_request(f"s{i}", "ECHO:SLOW", SamplingParams())
 
     asyncio.run(fill())
-    r = http.post("/v1/chat/completions", json=ask("x"))
-    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
-    assert int(r.headers["retry-after"]) >= 1
+    try:
+        r = http.post("/v1/chat/completions", json=ask("x"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        assert int(r.headers["retry-after"]) >= 1
+    finally:
+        for i in range(4):
+            engine.abort(f"s{i}")
 
 
 def test_logprobs_formats(http):

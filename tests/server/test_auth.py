@@ -3,20 +3,18 @@ as the official OpenAI client sends it."""
 from __future__ import annotations
 
 import pytest
-from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fake_engine import fake_client  # tests/ is on sys.path (its rootdir-less conftest)
 from fastapi.testclient import TestClient
 
 from guided.server.app import create_app
-from guided.serving.async_engine import AsyncEngine
 
 KEY = "sk-test-key"
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "ECHO:hi"}]}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http():
-    engine = AsyncEngine(FakeEngine(max_waiting=4))
-    with TestClient(create_app(engine, drain_timeout=0, api_key=KEY)) as client:
+    with TestClient(create_app(fake_client(max_waiting=4), drain_timeout=0, api_key=KEY)) as client:
         yield client
 
 

@@ -3,17 +3,15 @@ engine (the real server: tests/server/test_e2e_clients.py)."""
 from __future__ import annotations
 
 import pytest
-from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fake_engine import fake_client  # tests/ is on sys.path (its rootdir-less conftest)
 from fastapi.testclient import TestClient
 
-from guided.serving.async_engine import AsyncEngine
 from guided.server.app import create_app
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http():
-    engine = AsyncEngine(FakeEngine(max_waiting=8))
-    with TestClient(create_app(engine, drain_timeout=0)) as client:
+    with TestClient(create_app(fake_client(max_waiting=8), drain_timeout=0)) as client:
         yield client
 
 

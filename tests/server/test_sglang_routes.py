@@ -5,39 +5,47 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_engine import FakeEngine  # tests/server is on sys.path (rootdir-less conftest)
+from fake_engine import fake_client  # tests/ is on sys.path (its rootdir-less conftest)
 from fastapi.testclient import TestClient
 
-from guided.serving.async_engine import AsyncEngine
 from guided.server.app import create_app
 
 
-@pytest.fixture
-def engine():
-    return FakeEngine(max_waiting=8)
-
-
-@pytest.fixture
-def http(engine):
-    with TestClient(create_app(AsyncEngine(engine), drain_timeout=0)) as client:
+@pytest.fixture(scope="module")
+def http():
+    with TestClient(create_app(fake_client(max_waiting=8), drain_timeout=0)) as client:
         yield client
 
 
-def test_generate_text_with_a_constraint(http, engine):
+@pytest.fixture
+def compiled(http, monkeypatch) -> list:
+    """The constraint specs the server has the engine compile, in order."""
+    specs, engine = [], http.app.state.server.engine
+    compile = engine.compile
+
+    async def recording(spec):
+        specs.append(spec)
+        return await compile(spec)
+
+    monkeypatch.setattr(engine, "compile", recording)
+    return specs
+
+
+def test_generate_text_with_a_constraint(http, compiled):
     r = http.post("/generate", json={"text": "ECHO:42", "sampling_params": {
         "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}}).json()
     assert r["text"] == "42" and r["meta_info"]["finish_reason"]["type"] == "stop"
     assert r["meta_info"]["completion_tokens"] == len(r["output_ids"]) == 2
-    assert engine.compiler.submitted[-1].kind == "regex"
+    assert compiled[-1].kind == "regex"
 
 
 @pytest.mark.parametrize("field,kind", [("json_schema", "json_schema"), ("ebnf", "grammar"),
                                         ("regex", "regex")])
-def test_sglang_constraint_names_reach_the_compiler(http, engine, field, kind):
+def test_sglang_constraint_names_reach_the_compiler(http, compiled, field, kind):
     value = {"json_schema": json.dumps({"type": "integer"}), "ebnf": 'root ::= "1"',
              "regex": "1"}[field]
     r = http.post("/generate", json={"text": "ECHO:1", "sampling_params": {field: value}})
-    assert r.status_code == 200 and engine.compiler.submitted[-1].kind == kind
+    assert r.status_code == 200 and compiled[-1].kind == kind
 
 
 def test_generate_batches_input_ids_and_streams(http):

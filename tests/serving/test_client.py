@@ -1,7 +1,11 @@
-"""EngineClient: the engine in its own process (default model, CPU), driven as the server drives
-AsyncEngine: constrained generation whose outputs validate, errors that come back as the same
-exceptions, aborts, stats, a drained shutdown, and an engine process that dies under its
-requests (they end with an error, nothing hangs)."""
+"""EngineClient, the server's front end, and the engine loop behind it in its own process.
+
+On the scripted fake engine (tests/fake_engine.py): cumulative streams, many requests, errors
+before any output, overload, aborts, a failing step, a dead engine, the finished hook,
+snapshots, one hand-off a step, a drained shutdown. On the real engine (default model, CPU):
+constrained generation whose outputs validate, errors that come back as the same exceptions,
+aborts, stats, and an engine process that dies or hangs under its requests (they end with an
+error, nothing hangs, it is replaced)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +16,7 @@ import time
 
 import jsonschema
 import pytest
+from fake_engine import fake_client  # tests/ is on sys.path (its rootdir-less conftest)
 
 from guided.config import EngineConfig
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
@@ -23,6 +28,191 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0}},
           "required": ["name", "age"], "additionalProperties": False}
 
+
+# ---- the scripted fake engine ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake():
+    engine = fake_client()
+    yield engine
+    asyncio.run(engine.shutdown(drain_timeout=0))
+
+
+async def collect(engine, request_id, prompt, **params):
+    return [out async for out in engine.generate(request_id, prompt, SamplingParams(**params))]
+
+
+async def _until(condition, timeout_s: float) -> float:
+    """Seconds until condition() held (polled every 0.1 s); fails past timeout_s."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_generate_streams_cumulative_outputs(fake):
+    outs = asyncio.run(collect(fake, "r1", "ECHO:hello", max_tokens=100))
+    assert outs[-1].finished and outs[-1].finish_reason == "stop" and outs[-1].text == "hello"
+    assert all(not o.finished for o in outs[:-1])
+    assert [len(o.token_ids) for o in outs] == sorted(len(o.token_ids) for o in outs)
+
+
+def test_many_concurrent_requests(fake):
+    async def main():
+        return await asyncio.gather(*(collect(fake, f"r{i}", f"ECHO:n{i}") for i in range(20)))
+
+    results = asyncio.run(main())
+    assert [r[-1].text for r in results] == [f"n{i}" for i in range(20)]
+
+
+def test_rejections_raise_before_any_output(fake):
+    queries = fake.compile_queries
+
+    async def main():
+        with pytest.raises(InvalidRequestError):
+            await fake.add_request("e", [], SamplingParams())
+        with pytest.raises(ConstraintError):  # compiled before the engine sees it
+            await fake.add_request("c", "x", SamplingParams(regex="[.*"))
+        stream = await fake.add_request("d", "ECHO:SLOW", SamplingParams())
+        with pytest.raises(InvalidRequestError):
+            await fake.add_request("d", "x", SamplingParams())
+        stream.abort()
+
+    asyncio.run(main())
+    assert fake.compile_queries == queries + 1
+
+
+def test_overload():
+    engine = fake_client(max_waiting=2)
+
+    async def main():
+        streams = [await engine.add_request(f"s{i}", "ECHO:SLOW", SamplingParams())
+                   for i in range(2)]
+        with pytest.raises(OverloadedError):
+            await engine.add_request("s3", "ECHO:SLOW", SamplingParams())
+        for s in streams:
+            s.abort()
+        await engine.shutdown(drain_timeout=0)
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_consumer_aborts(fake):
+    async def main():
+        async def consume():
+            async for _ in fake.generate("slow", "ECHO:SLOW", SamplingParams()):
+                pass
+
+        task = asyncio.create_task(consume())
+        await _until(lambda: fake.stats().num_running == 1, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert _wait_for(lambda: fake.stats().num_running == 0 and fake.stats().kv_blocks_in_use == 0)
+
+
+def test_abort_by_id_ends_the_stream(fake):
+    async def main():
+        stream = await fake.add_request("a", "ECHO:SLOW", SamplingParams())
+        fake.abort("a")
+        outs = [o async for o in stream]
+        assert outs[-1].finished and outs[-1].finish_reason == "abort"
+
+    asyncio.run(main())
+
+
+def test_a_failing_step_fails_the_requests_not_the_engine(fake):
+    async def main():
+        boom = await collect(fake, "boom", "ECHO:RAISE")
+        assert boom[-1].finish_reason == "error" and boom[-1].error_type == "internal"
+        assert "boom" in boom[-1].error
+        ok = await collect(fake, "after", "ECHO:fine")
+        assert ok[-1].text == "fine"
+
+    asyncio.run(main())
+    assert fake.is_running and fake.restarts == 0
+
+
+def test_a_dead_engine_fails_its_requests_and_is_replaced():
+    """EngineDeadError (a tensor-parallel worker died): no step can run again, so the engine
+    process exits, and the client starts a new one."""
+    engine = fake_client()
+
+    async def main():
+        dead = await collect(engine, "dead", "ECHO:DEAD")
+        assert dead[-1].finish_reason == "error" and "rank 1" in dead[-1].error
+        await _until(lambda: engine.restarts == 1 and engine.is_running, 60)
+        after = await collect(engine, "after", "ECHO:fine")
+        assert after[-1].text == "fine"
+        await engine.shutdown(drain_timeout=0)
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_on_finished_hook_sees_every_finished_request(fake):
+    seen = []
+    fake.on_finished = seen.append
+    try:
+        asyncio.run(collect(fake, "h", "ECHO:hi"))
+    finally:
+        fake.on_finished = None
+    assert [o.request_id for o in seen] == ["h"] and seen[0].text == "hi"
+
+
+def test_shutdown_drains_then_refuses():
+    engine = fake_client()
+
+    async def main():
+        stream = await engine.add_request("d", "ECHO:" + "x" * 30, SamplingParams())
+        slow = await engine.add_request("s", "ECHO:SLOW", SamplingParams())
+        await engine.shutdown(drain_timeout=1.0)
+        outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "stop" and outs[-1].text == "x" * 30
+        assert [o async for o in slow][-1].finish_reason == "abort"
+        with pytest.raises(OverloadedError):
+            await engine.add_request("late", "x", SamplingParams())
+
+    asyncio.run(main())
+    assert not engine.is_running and engine.restarts == 0
+
+
+def test_outputs_are_snapshots_that_the_engine_cannot_change(fake):
+    # the fake hands out its live token list; every output must keep the length it had
+    outs = asyncio.run(collect(fake, "snap", "ECHO:abcdefghij", max_tokens=100))
+    lens = [len(o.token_ids) for o in outs]
+    assert lens == sorted(set(lens)) and lens[-1] == 10
+    assert all(o.text == "abcdefghij"[:len(o.token_ids)] for o in outs)
+
+
+def test_one_hand_off_per_step_carries_all_its_outputs(fake, monkeypatch):
+    from guided.serving import request_stream
+
+    batches = []
+    deliver_all = request_stream.deliver_all
+    monkeypatch.setattr(request_stream, "deliver_all",
+                        lambda batch: (batches.append(len(batch)), deliver_all(batch)))
+
+    async def main():
+        return await asyncio.gather(*(collect(fake, f"b{i}", "ECHO:abcdef") for i in range(16)))
+
+    results = asyncio.run(main())
+    assert [r[-1].text for r in results] == ["abcdef"] * 16
+    assert max(batches) > 1 and len(batches) < 16 * 6
+
+
+# ---- the real engine --------------------------------------------------------------------------
 
 def _config() -> EngineConfig:
     return EngineConfig.from_kwargs(model="default", device="cpu", max_num_seqs=8,
@@ -93,15 +283,6 @@ def test_an_abort_ends_the_stream_early(client):
     outs = asyncio.run(main())
     assert 5 <= len(outs[-1].token_ids) < 400
     assert client.stats().num_running == 0
-
-
-async def _until(condition, timeout_s: float) -> float:
-    """Seconds until condition() held (polled every 0.1 s); fails past timeout_s."""
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout_s
-        await asyncio.sleep(0.1)
-    return time.monotonic() - start
 
 
 def test_a_killed_engine_fails_its_requests_and_is_replaced():

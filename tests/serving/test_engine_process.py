@@ -1,5 +1,6 @@
 """The engine process's side of the pipe: errors cross it as the classes the server maps to
-HTTP statuses (its end to end behaviour: tests/test_engine_client.py)."""
+HTTP statuses, and compiles the server gave up on are dropped (the loop's end-to-end behaviour:
+tests/serving/test_client.py)."""
 from __future__ import annotations
 
 import threading
@@ -17,7 +18,7 @@ from guided.fsm.settings import CompileSettings
 from guided.outputs import EngineStats
 from guided.params import ConstraintSpec
 from guided.serving import messages as m
-from guided.serving.engine_process import ProcessSideEngine
+from guided.serving.engine_process import EngineLoop
 
 
 def roundtrip(error):
@@ -66,7 +67,7 @@ def test_a_compile_the_server_gave_up_on_is_dropped(tokenizer):
 
     compiler._compile_sync = compile_sync
     sent = []
-    engine = ProcessSideEngine(_CompilerOnly(compiler), sent.append)
+    engine = EngineLoop(_CompilerOnly(compiler), sent.append)
     try:
         engine.take(m.Compile(1, ConstraintSpec("regex", "a+")))  # runs, held
         while not started:

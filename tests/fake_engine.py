@@ -3,10 +3,14 @@
 The output of a request is scripted by its prompt: the text after the last "ECHO:" (up to the
 next "<|im_end|>") is emitted one byte-token per step. "RAISE" makes step() raise; "DEAD" raise
 EngineDeadError (as a dead tensor-parallel worker does); "SLOW" emits
-nothing for a long time (a request that never finishes on its own)."""
+nothing for a long time (a request that never finishes on its own).
+
+fake_client() runs one in an engine process behind an EngineClient, as `guided serve` runs the
+real engine (tests/ is on sys.path, so the spawned process imports this module by name)."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from guided.errors import ConstraintError, EngineDeadError, InvalidRequestError,
 from guided.fsm.vocab import gpt2_byte_decoder
 from guided.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from guided.params import ConstraintSpec, SamplingParams
+from guided.serving.client import EngineClient
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -148,3 +153,9 @@ class FakeEngine:
                            kv_blocks_in_use=len(self._reqs), prompt_tokens_total=self._prompt_tokens,
                            generation_tokens_total=self._generated,
                            requests_finished_total=dict(self._finished))
+
+
+def fake_client(**kwargs) -> EngineClient:
+    """An EngineClient whose engine process runs FakeEngine(**kwargs)."""
+    build = functools.partial(FakeEngine, **kwargs)
+    return EngineClient(None, log_level="warning", build_engine=build)
