@@ -48,6 +48,7 @@ from guided.server.streaming import (
     sse_response,
     unless_disconnected,
 )
+from guided.server.tool_formats import detect_format
 from guided.server.tools import (
     ToolPlan,
     build_messages,
@@ -72,7 +73,7 @@ def error_response(status: int, message: str, *, type: str = "invalid_request_er
 
 class Server:
     def __init__(self, engine: EngineClient, *, served_model_name: str | None = None,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, chat_template: str | None = None):
         self.engine = engine
         if reasoning_parser is not None and reasoning_parser not in PARSERS:
             raise ValueError(f"reasoning_parser must be one of {PARSERS}")
@@ -91,7 +92,11 @@ class Server:
         # the engine runs max_num_seqs at once: more would only share its steps thinner
         self.admission = Admission(core.config.max_num_seqs,
                                    max_waiting=min(self.max_choices, 4 * core.config.max_num_seqs))
-        self.native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
+        if chat_template is not None:  # guided serve --chat-template
+            self.tokenizer.chat_template = chat_template
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.native_tools = template_supports_tools(template)
+        self.tool_format = detect_format(template)
         self.compile_timeout_s = core.config.compile_timeout_s
         self.metrics = ServerMetrics(engine.stats,
                                      lambda: (engine.compile_queries, engine.compile_hits))
@@ -107,7 +112,7 @@ class Server:
 
     def chat_prompt(self, req: P.ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
         """The chat template applied to the request (tools, chat_template_kwargs): token ids."""
-        plan = plan_request_tools(req)
+        plan = plan_request_tools(req, self.tool_format)
         messages = build_messages(req.messages, plan, native_tools=self.native_tools)
         kwargs = template_kwargs(req, plan, native_tools=self.native_tools)
         try:
@@ -258,9 +263,9 @@ class Server:
 
 def create_app(engine: EngineClient, *, served_model_name: str | None = None,
                drain_timeout: float = 10.0, api_key: str | None = None,
-               reasoning_parser: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None, chat_template: str | None = None) -> FastAPI:
     server = Server(engine, served_model_name=served_model_name,
-                    reasoning_parser=reasoning_parser)
+                    reasoning_parser=reasoning_parser, chat_template=chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

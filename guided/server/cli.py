@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["think", "deepseek_r1", "qwen3"],
                        help="the model reasons in <think> ... </think> first: the constraint "
                             "applies after it, which comes back as reasoning_content")
+    serve.add_argument("--chat-template", default=None,
+                       help="a Jinja chat template (a file, or the template itself) in place of "
+                            "the model's; its tool-call format (Hermes, Llama 3, Mistral) is "
+                            "the one tool_choice auto then takes")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="what the server logs (default: info)")
@@ -126,20 +130,29 @@ def serve(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     try:
         config = EngineConfig.from_kwargs(**engine_kwargs(args))
-    except InvalidRequestError as e:
+        chat_template = _chat_template(args.chat_template)
+    except (InvalidRequestError, OSError) as e:
         print(f"guided serve: {e}", file=sys.stderr)
         return 2
     engine = EngineClient(config, log_level=args.log_level)
     _log_startup(engine.engine, f"http://{args.host}:{args.port}")
     app = create_app(engine, served_model_name=args.served_model_name,
                      drain_timeout=args.drain_timeout, api_key=args.api_key,
-                     reasoning_parser=args.reasoning_parser)
+                     reasoning_parser=args.reasoning_parser,
+                     chat_template=chat_template)
     # uvicorn's own grace period only backs up the engine's drain (which ends every stream).
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
                                     log_level=args.log_level, timeout_graceful_shutdown=
                                     int(args.drain_timeout) + 5, http=HeaderTimeoutProtocol)
     asyncio.run(_draining_server(uvicorn_config, engine, args.drain_timeout).serve())
     return 0
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the template given inline (vLLM's convention)."""
+    if value is None or any(c in value for c in "{}\n"):
+        return value
+    return Path(value).read_text()
 
 
 def _draining_server(config, engine, drain_timeout: float):

@@ -32,6 +32,10 @@ def _inner_format(kwargs: dict) -> dict[str, Any]:
         return {"type": "regex", "pattern": choice_regex(kwargs["choice"])}
     if "grammar" in kwargs:
         return {"type": "grammar", "grammar": kwargs["grammar"]}
+    tag = kwargs.get("structural_tag")
+    tag = json.loads(tag) if isinstance(tag, str) else tag
+    if isinstance(tag, dict) and isinstance(tag.get("format"), dict):  # e.g. auto's tool calls
+        return tag["format"]
     raise InvalidRequestError("a structural_tag cannot follow the reasoning section of a "
                               "reasoning parser", param="structural_tag")
 

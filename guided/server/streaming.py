@@ -101,7 +101,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                 sent_thought[i] = len(thought)
                 yield frame.chat([P.ChatChunkChoice(index=i, delta=delta)])
         if streamers[i] is not None:
-            content, tool_deltas = streamers[i].deltas(text)
+            content, tool_deltas = streamers[i].deltas(text, out.finished)
         else:
             content = text[sent_text[i]:]
             sent_text[i] = len(text)

@@ -1,6 +1,7 @@
 """The model's output -> OpenAI tool_calls: the call objects found in (possibly partial) output
-text, parsed whole (non-streaming) or as deltas (streaming). See guided/server/tools.py for the
-output format the tool constraint guarantees."""
+text, parsed whole (non-streaming) or as deltas (streaming): JSON-first output (the format
+guided/server/tools.py guarantees), or text with calls in a template's tag format
+(guided/server/tool_formats.py)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from guided.server.tool_formats import ToolFormat
     from guided.server.tools import ToolPlan
 
 ARGS_KEY = "parameters"  # a call's arguments in the model's output (see the module docstring)
@@ -153,6 +155,43 @@ class ParsedCall:
     arguments: str  # the JSON text of the arguments, as the model wrote it
 
 
+def tag_calls(fmt: ToolFormat, text: str, *, finished: bool = True
+              ) -> tuple[str, list[CallSpan]]:
+    """auto in a tag format (tool_formats.py): the text outside the calls, and the calls, the
+    last one possibly partial. While not finished, a tail that may be the start of the trigger
+    is held back from the text until it is known."""
+    outside: list[str] = []
+    spans: list[CallSpan] = []
+    i = 0
+    while True:
+        at = text.find(fmt.trigger, i)
+        if at < 0:
+            tail = text[i:]
+            if not finished:
+                tail = tail[:len(tail) - _trigger_prefix_len(tail, fmt.trigger)]
+            outside.append(tail)
+            break
+        outside.append(text[i:at])
+        start = text.find("{", at)
+        if start < 0:
+            break
+        span, i = _scan_object(text, start)
+        spans.append(span)
+        if not span.complete:
+            break
+        rest = fmt.end[1:]  # the end's first character closed the object
+        while rest and text.startswith(rest[0], i):
+            i, rest = i + 1, rest[1:]
+    return "".join(outside), spans
+
+
+def _trigger_prefix_len(text: str, trigger: str) -> int:
+    for k in range(min(len(trigger) - 1, len(text)), 0, -1):
+        if text.endswith(trigger[:k]):
+            return k
+    return 0
+
+
 def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
     """Whether the output is tool calls, a text answer (auto's {"content": ...}), or unknown yet."""
     if plan.json_output:
@@ -181,22 +220,32 @@ def content_text(text: str, span: CallSpan) -> str:
 def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall] | None]:
     """(content, tool calls) of a finished output. An output cut by max_tokens gives its
     complete calls (content ""), or auto's text answer so far: never the call format's text."""
+    if plan.format is not None:
+        outside, spans = tag_calls(plan.format, text)
+        calls = complete_calls(text, spans)
+        return (outside.strip() if calls else outside), calls or None
     kind = output_kind(plan, text)
     if kind == "text":
         return content_text(text, scan_calls(text)[0]), None
     if kind is None:
         return "", None
+    return "", complete_calls(text, scan_calls(text)) or None
+
+
+def complete_calls(text: str, spans: list[CallSpan]) -> list[ParsedCall]:
+    """The calls up to the first one cut by max_tokens (a finished constrained output is
+    complete)."""
     calls = []
-    for s in scan_calls(text):
+    for s in spans:
         if not (s.complete and s.name is not None and s.args_end is not None):
-            break  # cut by max_tokens (a finished constrained output is complete)
+            break
         raw = text[s.args_start:s.args_end]
         try:
             json.loads(raw)
         except json.JSONDecodeError:
             break
         calls.append(ParsedCall(new_call_id(), s.name, raw))
-    return "", calls or None
+    return calls
 
 
 @dataclass(slots=True)
@@ -216,23 +265,25 @@ class ToolCallStreamer:
         self.calls: list[StreamedCall] = []
         self.sent_content = 0
 
-    def deltas(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def deltas(self, text: str, finished: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        if self.plan.format is not None:
+            outside, spans = tag_calls(self.plan.format, text, finished=finished)
+            return self._new_content(outside), self._calls(text, spans)
         kind = output_kind(self.plan, text)
         if kind == "text":
-            return self._content(text), []
+            return self._new_content(content_text(text, scan_calls(text)[0])), []
         if kind == "tools":
-            return "", self._calls(text)
+            return "", self._calls(text, scan_calls(text))
         return "", []
 
-    def _content(self, text: str) -> str:
-        content = content_text(text, scan_calls(text)[0])
+    def _new_content(self, content: str) -> str:
         new = content[self.sent_content:]
-        self.sent_content = len(content)
+        self.sent_content = max(self.sent_content, len(content))
         return new
 
-    def _calls(self, text: str) -> list[dict[str, Any]]:
+    def _calls(self, text: str, spans: list[CallSpan]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for index, span in enumerate(scan_calls(text)):
+        for index, span in enumerate(spans):
             if span.name is None:
                 break
             if index == len(self.calls):

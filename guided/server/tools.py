@@ -11,10 +11,12 @@ parses; only max_tokens can cut it):
 - tool_choice "auto": anyOf [a call, (parallel: an array of calls,) `{"content": <text>}`]: the
   model answers in text through the "content" object, which the server unwraps.
 
-Why JSON-first rather than free text with `<tool_call>` tags for "auto": measured with
-SmolLM2-135M-Instruct (no tool training), the tag grammar gave 0 of 6 calls on BFCL
-simple_python (the model always starts in prose), JSON-first 6 of 6 calls with the right
-function. The price: text answers are generated inside a JSON string.
+Except tool_choice "auto" under a chat template that teaches a tool-call format (Hermes,
+Llama 3 JSON, Mistral: guided/server/tool_formats.py): free text, and calls in that format,
+constrained by a structural tag. JSON-first stays for templates without one (and beside a
+response_format): measured with SmolLM2-135M-Instruct (no tool training), free text with
+`<tool_call>` tags gave 0 of 6 calls on BFCL simple_python (the model always starts in prose),
+JSON-first 6 of 6 calls with the right function.
 
 Chat templates without tool support (SmolLM2's) get the tools rendered into the system prompt
 (`render_tools_prompt`), tool results as `<tool_response>` user turns and earlier assistant calls
@@ -35,6 +37,7 @@ from guided.server.protocol import (
     Tool,
     ToolCall,
 )
+from guided.server.tool_formats import ToolFormat, auto_tag
 from guided.server.tool_output import (  # noqa: F401 - the output half, re-exported
     ARGS_KEY,
     CONTENT_KEY,
@@ -63,6 +66,7 @@ class ToolPlan:
     parallel: bool
     constraint: dict[str, Any] = field(default_factory=dict)  # SamplingParams kwargs
     legacy: bool = False  # the request sent `functions`: answer with message.function_call
+    format: ToolFormat | None = None  # auto in a template's tool-call format (structural tag)
 
     @property
     def json_output(self) -> bool:
@@ -70,7 +74,8 @@ class ToolPlan:
         return self.mode != "auto"
 
 
-def plan_request_tools(req: ChatCompletionRequest) -> ToolPlan | None:
+def plan_request_tools(req: ChatCompletionRequest, tool_format: ToolFormat | None = None
+                       ) -> ToolPlan | None:
     """The tool plan of a chat request: `tools` / `tool_choice`, or the legacy `functions` /
     `function_call` served as tools (one call at a time); a `response_format` beside tools
     shapes auto's text answer (OpenAI accepts both: the model calls a tool or answers in that
@@ -92,7 +97,7 @@ def plan_request_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         tool_choice = "auto" if tools else "none"
     uses_tools = bool(tools) and tool_choice != "none"
     plan = plan_tools(tools, tool_choice, parallel, content_schema=_content_schema(
-        req.response_format) if uses_tools else None)
+        req.response_format) if uses_tools else None, tool_format=tool_format)
     if plan is not None:
         plan.legacy = req.functions is not None
     return plan
@@ -114,9 +119,11 @@ def _content_schema(response_format) -> dict[str, Any] | None:
 
 
 def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool = True, *,
-               content_schema: dict[str, Any] | None = None) -> ToolPlan | None:
+               content_schema: dict[str, Any] | None = None,
+               tool_format: ToolFormat | None = None) -> ToolPlan | None:
     """None when no tool can be called (no tools, or tool_choice "none"). `content_schema`:
-    the JSON schema of auto's text answer (a response_format), else free text."""
+    the JSON schema of auto's text answer (a response_format), else free text. `tool_format`:
+    the chat template's tool-call format, which auto's calls then take."""
     if isinstance(tool_choice, NamedToolChoice):
         if not tools:
             raise InvalidRequestError("tool_choice names a function but no tools were given",
@@ -144,6 +151,10 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
     if tool_choice == "required":
         return ToolPlan("required", functions, parallel_tool_calls,
                         {"json_schema": _calls_schema(functions, parallel=parallel_tool_calls)})
+    if tool_format is not None and content_schema is None:
+        closed = [{**f, "parameters": closed_objects(f["parameters"])} for f in functions]
+        return ToolPlan("auto", functions, parallel_tool_calls, {"structural_tag": auto_tag(
+            tool_format, closed, parallel=parallel_tool_calls)}, format=tool_format)
     return ToolPlan("auto", functions, parallel_tool_calls, {"json_schema": auto_schema(
         functions, parallel=parallel_tool_calls, content_schema=content_schema)})
 

@@ -68,3 +68,11 @@ def test_choice_stays_in_the_list_as_the_cli_runs_it():
     finally:
         mp.undo()
     assert {t for t, _ in texts} <= {"yes", "no"} and {r for _, r in texts} == {"stop"}, texts
+
+
+def test_serve_refuses_a_missing_chat_template_file():
+    out = subprocess.run([sys.executable, "-m", "guided.server.cli", "serve", "--port", "1",
+                          "--chat-template", "no/such/template.jinja"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 2 and "no/such/template.jinja" in out.stderr, out

@@ -29,6 +29,11 @@ def accepts(kwargs: dict, text: str) -> bool:
     ({"regex": "[0-9]{3}"}, "123", "12a"),
     ({"choice": ["yes", "no"]}, "no", "maybe"),
     ({"grammar": 'root ::= "a" | "b"'}, "b", "c"),
+    ({"structural_tag": {"type": "structural_tag", "format": {  # auto's tool calls in tags
+        "type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [{
+            "type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
+            "content": {"type": "json_schema", "json_schema": POINT}}]}}},
+     'Sure. <tool_call>{"x": 1}</tool_call>', '<tool_call>{"x": "a"}</tool_call>'),
 ])
 def test_the_constraint_holds_after_free_reasoning(kwargs, good, bad):
     wrapped = wrap_constraint(kwargs, "<|im_start|>assistant\n")
