@@ -57,9 +57,10 @@ class Result:
 # ---- one request --------------------------------------------------------------------------------
 
 async def send(client: httpx.AsyncClient, model: str, item: WorkItem, args) -> Result:
-    body = {**item.body, "model": model, "max_tokens": args.max_tokens, "stream": True,
+    max_tokens = args.lengths.get(item.id, args.max_tokens)
+    body = {**item.body, "model": model, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": args.temperature}
-    if args.ignore_eos:
+    if args.ignore_eos or item.id in args.lengths:
         body["ignore_eos"] = True
     res, text, calls = Result(), [], {}
     start = last = res.sent = time.perf_counter()
@@ -324,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="")
     p.add_argument("--json-out", type=Path, help="append the rows (JSON lines) to this file")
+    p.add_argument("--lengths-out", type=Path, metavar="FILE",
+                   help="write each request's output length in the last pass (a JSON list in "
+                        "workload order)")
+    p.add_argument("--lengths-in", type=Path, metavar="FILE",
+                   help="ask each request for the output length FILE gives it, with ignore_eos "
+                        "(another engine's --lengths-out: equal work where a grammar ends a "
+                        "request early on one engine and not on the other)")
     p.add_argument("--timeline-out", type=Path,
                    help="append one JSON line per request to this file: when it was sent, its "
                         "TTFT and latency (s, from the start of its load), tokens, error")
@@ -356,6 +364,9 @@ async def bench(url: str, items: list[WorkItem], args) -> list[dict]:
                             workload=Path(args.workload).stem, load=name, model=model,
                             max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
             rows.append(row)
+            if args.lengths_out:  # the last pass's: what a peer is then asked to generate
+                args.lengths_out.write_text(json.dumps(
+                    [r.completion_tokens if r.ok else None for r in results]))
             if args.timeline_out:
                 write_timeline(args.timeline_out, results, start, label=args.label, load=name)
             for reason in row["error_examples"] + row["invalid_examples"]:
@@ -375,6 +386,8 @@ def write_timeline(path: Path, results: list[Result], start: float, **labels) ->
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     items = workloads.build(args.workload, args.num_requests, seed=args.seed, data=args.data)
+    lengths = json.loads(args.lengths_in.read_text()) if args.lengths_in else []
+    args.lengths = {item.id: n for item, n in zip(items, lengths) if n}  # by workload position
     if args.export_workload:
         workloads.save(items, args.export_workload)
         print(f"wrote {len(items)} {args.workload} requests to {args.export_workload}")
