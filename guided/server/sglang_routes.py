@@ -1,10 +1,13 @@
 """SGLang's native POST /generate, as its users call it: `text` or `input_ids` (one prompt or a
 batch), `sampling_params` (SGLang's names, the constraint fields `json_schema`, `regex`, `ebnf`
-included) and `stream` (SSE of the cumulative text, then `data: [DONE]`)."""
+included, `no_stop_trim`), `return_logprob` (meta_info's output_token_logprobs and
+output_top_logprobs: (logprob, token id, text or None) per token) and `stream` (SSE of the
+cumulative text and meta_info, then `data: [DONE]`)."""
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -61,6 +64,10 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = Field(default=0)
+    return_text_in_logprobs: bool = False
+    token_ids_logprob: list[int] | list[list[int]] | None = None
 
     def prompts(self) -> list[str | list[int]]:
         if (self.text is None) == (self.input_ids is None):
@@ -90,29 +97,61 @@ def sampling_for(req: GenerateRequest, k: int) -> GenerateSamplingParams:
     except InvalidRequestError as e:
         e.param = f"{param}.{e.param}" if e.param else param
         raise
-    if sp.no_stop_trim:
-        raise InvalidRequestError("no_stop_trim is not supported (stop strings are trimmed)",
-                                  param=f"{param}.no_stop_trim")
     del unknown  # SGLang-only knobs that do not change the output's language (custom_params...)
     return sp.model_copy(update={"stream": req.stream})
 
 
-def build_job(server: Server, req: GenerateRequest, k: int, prompt: str | list[int]) -> Job:
+@dataclass(frozen=True, slots=True)
+class Returns:
+    """What one prompt's results carry beside the text (SGLang's request options)."""
+
+    logprob: bool = False
+    num_top: int = 0
+    text_in_logprobs: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+
+
+def _nth(value, k: int):
+    return value[k] if isinstance(value, list) else value
+
+
+def returns_for(req: GenerateRequest, k: int, sp: GenerateSamplingParams) -> Returns:
+    """400 for logprobs of input tokens or of chosen ids: the engine computes neither."""
+    logprob = bool(_nth(req.return_logprob, k))
+    num_top = _nth(req.top_logprobs_num, k) or 0
+    if logprob and _nth(req.logprob_start_len, k) != -1:
+        raise InvalidRequestError("input token logprobs are not computed: send logprob_start_len "
+                                  "-1 (output tokens only)", param="logprob_start_len")
+    if logprob and req.token_ids_logprob is not None:
+        raise InvalidRequestError("token_ids_logprob is not supported; use top_logprobs_num",
+                                  param="token_ids_logprob")
+    if not 0 <= num_top <= 20:
+        raise InvalidRequestError("top_logprobs_num must lie in [0, 20]",
+                                  param="top_logprobs_num")
+    return Returns(logprob, num_top if logprob else 0, req.return_text_in_logprobs,
+                   sp.no_stop_trim, sp.skip_special_tokens)
+
+
+def build_job(server: Server, req: GenerateRequest, k: int, prompt: str | list[int]
+              ) -> tuple[Job, Returns]:
     sp = sampling_for(req, k)
+    returns = returns_for(req, k, sp)
     ids = server.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    job = Job(new_id("generate"), server.model_name, [ids], [], [], None, 0)
+    job = Job(new_id("generate"), server.model_name, [ids], [], [], None, returns.num_top)
+    logprobs = returns.num_top if returns.logprob else None
     try:
-        server._add_choices(job, sp, 0, None, {}, "input_ids" if req.input_ids else "text")
+        server._add_choices(job, sp, 0, logprobs, {}, "input_ids" if req.input_ids else "text")
     except InvalidRequestError as e:
         if e.param in GenerateSamplingParams.model_fields:
             e.param = f"sampling_params.{e.param}"
         raise
     if job.constraint_param is not None:
         job.constraint_param = f"sampling_params.{job.constraint_param}"
-    return job
+    return job, returns
 
 
-def meta_info(job: Job, out: RequestOutput) -> dict[str, Any]:
+def meta_info(job: Job, out: RequestOutput, returns: Returns, server: Server) -> dict[str, Any]:
     info: dict[str, Any] = {"id": out.request_id, "prompt_tokens": len(job.prompts[0]),
                             "completion_tokens": len(out.token_ids), "cached_tokens": 0}
     if not out.finished:
@@ -121,43 +160,65 @@ def meta_info(job: Job, out: RequestOutput) -> dict[str, Any]:
         info["finish_reason"] = {"type": "length", "length": len(out.token_ids)}
     else:
         info["finish_reason"] = {"type": out.finish_reason, "matched": out.stop_reason}
+    if returns.logprob:
+        def entry(token_id: int, logprob: float) -> list:
+            return [logprob, token_id,
+                    server.texts.text(token_id) if returns.text_in_logprobs else None]
+
+        entries = out.logprobs or []
+        info["input_token_logprobs"] = []  # logprob_start_len -1: output tokens only
+        info["output_token_logprobs"] = [entry(e.token_id, e.logprob) for e in entries]
+        if returns.num_top:
+            info["input_top_logprobs"] = []
+            info["output_top_logprobs"] = [[entry(t, lp) for t, lp in e.top[:returns.num_top]]
+                                           for e in entries]
     return info
 
 
-def result(job: Job, out: RequestOutput, index: int | None = None) -> dict[str, Any]:
-    body = {"text": out.text, "output_ids": list(out.token_ids), "meta_info": meta_info(job, out)}
+def output_text(server: Server, out: RequestOutput, returns: Returns) -> str:
+    """The text; with no_stop_trim a stop string (or a stop token that is text) stays in it, as
+    SGLang returns it: all the output tokens decoded."""
+    if not (returns.no_stop_trim and out.finished and out.finish_reason == "stop"):
+        return out.text
+    return server.tokenizer.decode(out.token_ids,
+                                   skip_special_tokens=returns.skip_special_tokens)
+
+
+def result(server: Server, job: Job, out: RequestOutput, returns: Returns,
+           index: int | None = None) -> dict[str, Any]:
+    body = {"text": output_text(server, out, returns), "output_ids": list(out.token_ids),
+            "meta_info": meta_info(job, out, returns, server)}
     if index is not None:
         body["index"] = index
     return body
 
 
-async def _stream(server: Server, job: Job, streams) -> Any:
+async def _stream(server: Server, job: Job, returns: Returns, streams) -> Any:
     multi = len(job.params) > 1
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
             yield f"data: {json.dumps({'error': {'message': out.error}})}\n\n"
             return
-        yield f"data: {json.dumps(result(job, out, i if multi else None))}\n\n"
+        yield f"data: {json.dumps(result(server, job, out, returns, i if multi else None))}\n\n"
     yield "data: [DONE]\n\n"
 
 
 def add_sglang_routes(app: FastAPI, server: Server, handle) -> None:
     async def run_generate(request: Request, req: GenerateRequest) -> Response:
-        if req.return_logprob not in (False, [False] * len(req.prompts())):
-            raise InvalidRequestError("return_logprob is not supported on /generate; use "
-                                      "/v1/completions with logprobs", param="return_logprob")
         jobs = [build_job(server, req, k, p) for k, p in enumerate(req.prompts())]
         if req.stream:
             if len(jobs) > 1:
                 raise InvalidRequestError("stream one prompt at a time", param="stream")
-            streams = await unless_disconnected(request, server.start(jobs[0]))
-            return sse_response(_stream(server, jobs[0], streams), streams)
+            job, returns = jobs[0]
+            streams = await unless_disconnected(request, server.start(job))
+            return sse_response(_stream(server, job, returns, streams), streams)
 
-        async def run_one(job: Job) -> list[dict[str, Any]]:
+        async def run_one(job: Job, returns: Returns) -> list[dict[str, Any]]:
             outs = await server.finals(job, await server.start(job))
-            return [result(job, out) for out in outs]
+            return [result(server, job, out, returns) for out in outs]
 
-        results = await unless_disconnected(request, asyncio.gather(*map(run_one, jobs)))
+        results = await unless_disconnected(
+            request, asyncio.gather(*(run_one(*j) for j in jobs)))
         flat = [r for rs in results for r in rs]
         single = not req.batched and len(flat) == 1
         return JSONResponse(flat[0] if single else flat)

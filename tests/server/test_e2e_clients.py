@@ -121,6 +121,30 @@ def test_sglang_generate_streams_input_ids(server_url):
     assert re.fullmatch(r"( [a-z]+){1,4}\.", texts[-1]), texts[-1]
 
 
+def test_sglang_generate_no_stop_trim_and_logprobs(server_url):
+    def generate(**kw):
+        r = httpx.post(server_url + "/generate", timeout=300, json={
+            "text": "Q: Name three colours.\nA:", **kw.pop("top", {}), "sampling_params": {
+                "max_new_tokens": 16, "temperature": 0, "regex": "( [a-z]+,){2} [a-z]+\\.",
+                **kw}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    full = generate(top={"return_logprob": True, "top_logprobs_num": 3})
+    info = full["meta_info"]
+    assert [e[1] for e in info["output_token_logprobs"]] == full["output_ids"]
+    for (logprob, token_id, text), top in zip(info["output_token_logprobs"],
+                                              info["output_top_logprobs"]):
+        assert logprob <= 0 and text is None and len(top) == 3
+        assert top[0][0] >= logprob  # greedy: the chosen token is the likeliest allowed one
+    stop = full["text"].split(",")[1]  # the second colour, with its leading space
+    trimmed, kept = generate(stop=[stop]), generate(stop=[stop], no_stop_trim=True)
+    assert trimmed["text"] == full["text"][:full["text"].index(stop)]
+    assert kept["text"].startswith(trimmed["text"] + stop) and full["text"].startswith(
+        kept["text"])
+    assert kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
 def test_tokenize_detokenize_version_and_model_alias(server_url, client):
     body = httpx.post(server_url + "/tokenize", json={"prompt": "Hello, world"}).json()
     assert body["count"] == len(body["tokens"]) > 0

@@ -70,8 +70,34 @@ def test_generate_batches_input_ids_and_streams(http):
     ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"text": "x", "sampling_params": {"regex": "(a"}}, "sampling_params.regex"),
     ({"text": "x", "input_ids": [1]}, "text"),
-    ({"text": "x", "return_logprob": True}, "return_logprob"),
+    ({"text": "x", "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ({"text": "x", "return_logprob": True, "token_ids_logprob": [1]}, "token_ids_logprob"),
+    ({"text": "x", "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
 ])
 def test_bad_generate_requests_name_the_field(http, body, param):
     r = http.post("/generate", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_logprob_as_sglang_returns_it(http, stream):
+    """meta_info: (logprob, token id, text or None) per output token, the top ones per position
+    with top_logprobs_num; cumulative in a stream, as the text."""
+    r = http.post("/generate", json={"text": "ECHO:abc", "stream": stream, "return_logprob": True,
+                                     "top_logprobs_num": 2, "return_text_in_logprobs": True})
+    events = [json.loads(e[len("data: "):]) for e in r.text.split("\n\n")
+              if e and e != "data: [DONE]"] if stream else [r.json()]
+    for body in events:
+        info, ids = body["meta_info"], body["output_ids"]
+        assert info["input_token_logprobs"] == [] and info["input_top_logprobs"] == []
+        assert [e[1] for e in info["output_token_logprobs"]] == ids
+        assert "".join(e[2] for e in info["output_token_logprobs"]) == body["text"]
+        assert all(isinstance(e[0], float) for e in info["output_token_logprobs"])
+        assert [len(top) for top in info["output_top_logprobs"]] == [2] * len(ids)
+    assert events[-1]["text"] == "abc"
+    plain = http.post("/generate", json={"text": "ECHO:abc", "return_logprob": [True],
+                                         "top_logprobs_num": 0}).json()["meta_info"]
+    assert [e[2] for e in plain["output_token_logprobs"]] == [None] * 3
+    assert "output_top_logprobs" not in plain
+    assert "output_token_logprobs" not in http.post(
+        "/generate", json={"text": "ECHO:abc"}).json()["meta_info"]
