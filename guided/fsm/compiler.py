@@ -13,10 +13,12 @@ Every submit() gets a future of its own (a ticket) on the spec's one compile:
 - a compile past compile_timeout_s fails its tickets with CompileTimeoutError (a 503 to retry,
   never cached as the schema's failure); it goes on in the background and fills the cache, and
   meanwhile the same spec is answered with CompileTimeoutError at once;
-- a new spec whose compile would not even start within compile_timeout_s (the queue's expected
-  wait), or past MAX_QUEUED_COMPILES queued, is refused at once with CompileTimeoutError: a
-  storm of new schemas degrades to 503s, never to an unbounded queue.
-At most 2 x compile_threads threads ever run compiles (abandoned ones included).
+- a new spec whose compile would not even start within compile_timeout_s (the pool's room,
+  from how long compiles take), or past MAX_QUEUED_COMPILES queued, is refused at once with
+  CompileTimeoutError, and queued ones that can no longer start in time are shed the same way:
+  a storm of new schemas degrades to quick 503s, never to a queue that outlives it (a small new
+  schema compiles at once after it).
+Abandoned compiles are bounded by the pool (watchdog_pool.MAX_THREADS_PER_WORKER).
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ class GrammarCompiler:
         idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
-                                  idle=idle)
+                                  idle=idle, max_wait_s=config.compile_timeout_s)
         # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
         # nobody waits for them, so one thread, lower still than the compiles requests wait
         # for (each is seconds of a core's time, which the step loop needs more while cold)
@@ -127,6 +129,8 @@ class GrammarCompiler:
         ticket: Future = Future()
         with self._lock:
             entry = self._cache.get(spec)
+            if entry is not None and entry.outcome.cancelled():  # shed or dropped: start afresh
+                entry = None
             if entry is not None:
                 self._cache.move_to_end(spec)
             else:
@@ -154,10 +158,9 @@ class GrammarCompiler:
         if self._pool.num_queued >= MAX_QUEUED_COMPILES:
             return (f"{MAX_QUEUED_COMPILES} constraints are waiting to compile; "
                     "retry this one later")
-        wait = self._pool.expected_wait_s()
-        if wait > self.config.compile_timeout_s:
-            return (f"the grammar compiler is busy (~{wait:.0f} s of queued compiles, "
-                    f"compile_timeout_s={self.config.compile_timeout_s:g}); retry later")
+        if self._pool.room() <= 0:
+            return ("the grammar compiler is busy: this constraint would not start compiling "
+                    f"within compile_timeout_s={self.config.compile_timeout_s:g} s; retry later")
         return None
 
     def _start(self, spec: ConstraintSpec, entry: _Compile) -> None:
@@ -176,9 +179,7 @@ class GrammarCompiler:
             entry.tickets.discard(ticket)
             if entry.tickets or entry.outcome.done() or not ticket.cancelled():
                 return
-            if not entry.outcome.running() and self._cache.get(spec) is entry:
-                del self._cache[spec]  # never started: the next submit starts afresh
-        self._pool.drop(entry.outcome)
+        self._pool.drop(entry.outcome)  # a queued one is cancelled: the next submit starts afresh
 
     def _overdue(self, spec: ConstraintSpec, entry: _Compile) -> None:
         """The watchdog: the compile ran past compile_timeout_s. Its tickets fail (retryable);
@@ -353,8 +354,9 @@ class GrammarCompiler:
 
 def _settle(ticket: Future, outcome: Future) -> None:
     """A ticket takes its compile's outcome, unless it was settled or cancelled first."""
-    if outcome.cancelled():
-        _fail(ticket, CompileTimeoutError("the compile was dropped; retry"))
+    if outcome.cancelled():  # shed from a queue that could not start it in time
+        _fail(ticket, CompileTimeoutError("the grammar compiler is busy: this constraint could "
+                                          "not start compiling in time; retry later"))
     elif outcome.exception() is not None:
         _fail(ticket, outcome.exception())
     else:

@@ -130,7 +130,9 @@ class EngineClient:
         finally:
             self.compiles_pending -= 1
             self._compiles.pop(compile_id, None)
-            if not future.done():  # the caller gave up: a compile nobody waits for is dropped
+            # the caller gave up (its cancellation cancelled the future): a compile nobody
+            # waits for is dropped
+            if future.cancelled() or not future.done():
                 self._send(m.Uncompile(compile_id))
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,

@@ -22,6 +22,7 @@ from guided.config import EngineConfig
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
 from guided.params import SamplingParams
 from guided.serving import client as client_module
+from guided.serving import messages as m
 from guided.serving.client import EngineClient
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -267,6 +268,22 @@ def test_errors_come_back_as_the_engines_exceptions(client):
 
     outs = asyncio.run(main())
     assert not outs or outs[-1].finish_reason in ("abort", "length", "stop")
+
+
+def test_a_compile_the_caller_gives_up_on_is_dropped_in_the_engine(client, monkeypatch):
+    """The caller's timeout cancels the awaited future: the engine must still be told."""
+    sent = []
+    send = client._send
+    monkeypatch.setattr(client, "_send", lambda message: (sent.append(message), send(message)))
+    slow = SamplingParams(json_schema={"type": "string", "pattern": "^[a-z]{0,8000}$"})
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.compile(slow.constraint), 0.01)
+
+    asyncio.run(main())
+    compiles = [msg.compile_id for msg in sent if isinstance(msg, m.Compile)]
+    assert [msg.compile_id for msg in sent if isinstance(msg, m.Uncompile)] == compiles
 
 
 def test_an_abort_ends_the_stream_early(client):
