@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from typing import NamedTuple
 
@@ -16,9 +15,8 @@ from guided.fsm.grammar_bounds import check_grammar_bounds
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import fix_optional_groups
 from guided.fsm.settings import CompileSettings
+from guided.fsm.utf8_classes import exact_utf8
 from guided.fsm.vocab import TokenVocab
-
-log = logging.getLogger(__name__)
 
 
 class TokenBan(NamedTuple):
@@ -59,8 +57,9 @@ def _structural_tag_grammar(tag: dict) -> xgr.Grammar:
 
 
 def grammar_of(recipe: Recipe) -> xgr.Grammar:
-    """The recipe's grammar; long counted strings compiled as character budgets
-    (char_budgets.py). Raises xgrammar's errors."""
+    """The recipe's grammar, its classes admitting valid UTF-8 only (utf8_classes.py) and long
+    counted strings compiled as character budgets (char_budgets.py). Raises xgrammar's
+    errors."""
     if recipe.any_whitespace:
         options = {"any_whitespace": True, "max_whitespace_cnt": recipe.max_whitespace}
     else:
@@ -77,12 +76,15 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
         grammar = _structural_tag_grammar(json.loads(recipe.source))
     else:
         raise ValueError(f"no xgrammar recipe for {recipe.kind!r}")
-    budgeted = budget_long_repetitions(str(grammar))
-    if budgeted is not None:
+    text = str(grammar)
+    exact = exact_utf8(text)
+    budgeted = budget_long_repetitions(exact) or exact
+    if budgeted != text:
         try:
             grammar = xgr.Grammar.from_ebnf(budgeted)
-        except Exception:  # noqa: BLE001 - e.g. a user's rule named like a budget: as is
-            log.warning("character budgets did not parse; compiling the grammar as it is")
+        except Exception as e:  # an unreadable rewrite must not pass as a served grammar
+            raise ValueError(f"the grammar rewritten (utf8_classes, char_budgets) does not "
+                             f"parse: {e}") from None
     return grammar
 
 

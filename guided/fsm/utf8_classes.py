@@ -1,0 +1,168 @@
+"""A grammar's character classes rewritten so that xgrammar admits valid UTF-8 only.
+
+xgrammar 0.2.8 matches text byte by byte, and two of its encodings of a character class admit
+bytes that are not UTF-8 (random walks found both: benchmarks/grammar_soundness.py --walks):
+- a JSON schema `pattern` compiled to a byte automaton (a `Regex("...")` node) gets a range
+  that crosses a UTF-8 length boundary encoded loosely: the byte after the lead byte is left
+  open, so overlong forms (E0 80-9F .., F0 80-8F ..) and UTF-16 surrogates (ED A0-BF ..)
+  pass. Every negated class and `.` has such a range (its complement runs to U+10FFFF); a
+  range within one length is exact;
+- an EBNF class is matched by code point (overlong forms fail there), but one that holds
+  U+D800-U+DFFF admits their three-byte encodings: every negated class does, the JSON
+  string's own `[^\\0-\\x1f\\"\\\\\\r\\n]` among them.
+exact_utf8 rewrites a grammar's text so that neither can happen, the language otherwise the
+same: EBNF classes lose the surrogates; a pattern's classes and `.` become one class per UTF-8
+length, less the surrogates (tests/fsm/test_utf8_classes.py tries every 1- to 4-byte form).
+"""
+from __future__ import annotations
+
+import json
+import re
+import re._constants as sre
+import re._parser as sre_parse
+
+_SURROGATES = (0xD800, 0xDFFF)
+_LENGTHS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
+# the class escapes as xgrammar reads them (ASCII), as code point ranges
+_DIGIT = [(0x30, 0x39)]
+_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACE = [(0x09, 0x0D), (0x20, 0x20)]
+_CATEGORIES = {sre.CATEGORY_DIGIT: (_DIGIT, False), sre.CATEGORY_NOT_DIGIT: (_DIGIT, True),
+               sre.CATEGORY_WORD: (_WORD, False), sre.CATEGORY_NOT_WORD: (_WORD, True),
+               sre.CATEGORY_SPACE: (_SPACE, False), sre.CATEGORY_NOT_SPACE: (_SPACE, True)}
+# over a grammar's text: a Regex node's pattern, a quoted literal (left alone), a class
+_GRAMMAR_PIECE = re.compile(r'Regex\((?P<pattern>"(?:\\.|[^"\\])*")|"(?:\\.|[^"\\])*"'
+                            r"|(?P<cls>\[(?:\\.|[^\]\\])*\])")
+# over a pattern: an escape, a class (a leading ']' is a member) or any one character
+_PATTERN_PIECE = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]|.", re.DOTALL)
+# the escapes xgrammar prints in a quoted pattern
+_QUOTED_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
+_NAMED = {"0": "\0", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b": "\b"}
+
+
+def exact_utf8(grammar: str) -> str:
+    """xgrammar's printed grammar with every class (and a pattern's `.`) matching valid UTF-8
+    only; a class it cannot read stays as it is."""
+    def piece(match: re.Match) -> str:
+        if match.group("pattern"):
+            pattern = _QUOTED_ESCAPE.sub(_unescape, match.group("pattern")[1:-1])
+            return "Regex(" + json.dumps(exact_pattern(pattern), ensure_ascii=False)
+        if match.group("cls"):
+            return _ebnf_class(match.group("cls"))
+        return match.group(0)
+
+    return _GRAMMAR_PIECE.sub(piece, grammar)
+
+
+def exact_pattern(pattern: str) -> str:
+    """The regex with each class that reaches past ASCII, and `.`, as one class per UTF-8
+    length, (a|b|..) where there are several, none holding a surrogate."""
+    out = []
+    for match in _PATTERN_PIECE.finditer(pattern):
+        text = match.group(0)
+        if text == ".":
+            text = "[^\\n]"
+        elif text in ("\\D", "\\W", "\\S"):
+            text = f"[{text}]"
+        if text.startswith("["):
+            ranges = _class_ranges(text)
+            if ranges is not None and ranges[-1][1] > 0x7F:
+                classes = [_pattern_class(part) for part in _by_length(ranges)]
+                text = classes[0] if len(classes) == 1 else "(" + "|".join(classes) + ")"
+        out.append(text)
+    return "".join(out)
+
+
+def _ebnf_class(text: str) -> str:
+    ranges = _class_ranges(text)
+    if ranges is None or not any(lo <= _SURROGATES[1] and hi >= _SURROGATES[0]
+                                 for lo, hi in ranges):
+        return text
+    if text.startswith("[^"):  # the shortest spelling: one more range left out
+        return "[^\\uD800-\\uDFFF" + text[2:]
+    return "[" + "".join(_ebnf_range(lo, hi) for part in _by_length(ranges)
+                         for lo, hi in part) + "]"
+
+
+def _class_ranges(text: str) -> list[tuple[int, int]] | None:
+    """The code points a class admits, as sorted disjoint ranges (None: not read)."""
+    try:
+        parsed = sre_parse.parse(text)
+    except (re.error, RecursionError, OverflowError):
+        return None
+    if len(parsed) != 1:
+        return None
+    op, arg = parsed[0]
+    if op in (sre.LITERAL, sre.NOT_LITERAL):
+        items, negated = [(sre.LITERAL, arg)], op is sre.NOT_LITERAL
+    elif op is sre.IN:
+        negated = bool(arg) and arg[0][0] is sre.NEGATE
+        items = arg[negated:]
+    else:
+        return None
+    ranges = []
+    for kind, value in items:
+        if kind is sre.LITERAL:
+            ranges.append((value, value))
+        elif kind is sre.RANGE:
+            ranges.append(value)
+        elif kind is sre.CATEGORY and value in _CATEGORIES:
+            members, complement = _CATEGORIES[value]
+            ranges += _complement(members) if complement else members
+        else:
+            return None
+    ranges = _merged(ranges)
+    return _complement(ranges) if negated else ranges
+
+
+def _merged(ranges: list) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _complement(ranges: list) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for lo, hi in _merged(ranges):
+        if lo > at:
+            out.append((at, lo - 1))
+        at = hi + 1
+    return out + ([(at, 0x10FFFF)] if at <= 0x10FFFF else [])
+
+
+def _by_length(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """The ranges less the surrogates, split by UTF-8 length (the non-empty lengths only)."""
+    allowed = _complement([_SURROGATES])
+    parts = []
+    for first, last in _LENGTHS:
+        part = [(max(lo, a, first), min(hi, b, last)) for lo, hi in ranges for a, b in allowed]
+        part = [(lo, hi) for lo, hi in part if lo <= hi]
+        if part:
+            parts.append(part)
+    return parts
+
+
+def _pattern_class(ranges: list[tuple[int, int]]) -> str:
+    def char(c: int) -> str:  # escaped where ASCII (any may be special), literal beyond
+        return f"\\x{c:02x}" if c < 0x80 else chr(c)
+
+    return "[" + "".join(char(lo) if lo == hi else f"{char(lo)}-{char(hi)}"
+                         for lo, hi in ranges) + "]"
+
+
+def _ebnf_range(lo: int, hi: int) -> str:
+    def char(c: int) -> str:
+        return f"\\x{c:02x}" if c < 0x80 else f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+
+    return char(lo) if lo == hi else f"{char(lo)}-{char(hi)}"
+
+
+def _unescape(match: re.Match) -> str:
+    code = match.group(1)
+    if len(code) > 1:
+        return chr(int(code[1:], 16))
+    return _NAMED.get(code, code)
