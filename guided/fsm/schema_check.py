@@ -34,7 +34,7 @@ from guided.fsm.schema_merge import (
     validation_keys,
     where,
 )
-from guided.fsm.schema_not import rewrite_not
+from guided.fsm.schema_not import if_union, negation_union, rewrite_not
 from guided.fsm.schema_numbers import bounded_multiples, rewrite_multiple_of
 from guided.fsm.schema_objects import (
     check_min_properties,
@@ -61,7 +61,7 @@ ARRAY_KEYWORDS = frozenset({"items", "prefixItems", "minItems", "maxItems", "uni
 TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object": OBJECT_KEYWORDS,
                  "array": ARRAY_KEYWORDS}
 # Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
-IGNORED_BY_XGRAMMAR = ("if", "then", "else", "dependencies", "unevaluatedProperties",
+IGNORED_BY_XGRAMMAR = ("dependencies", "unevaluatedProperties",
                        "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
@@ -140,6 +140,10 @@ class _Rewriter(SchemaCombiner):
                 return self._rewrite_union(node, kw, pointer)
         if "dependentRequired" in node or "dependentSchemas" in node:
             return self.rewrite(split_dependencies(node, pointer), pointer)
+        if "if" in node:
+            return self._rewrite_union(if_union(node), "anyOf", pointer, negating="if")
+        if "not" in node and (union := negation_union(node)) is not None:
+            return self._rewrite_union(union, "anyOf", pointer, negating="not")
         if "not" in node:
             rewrite_not(node, pointer)
         _refuse_ignored(node, pointer)
@@ -174,41 +178,57 @@ class _Rewriter(SchemaCombiner):
                                   f"satisfies its sibling keywords")
         return {"const": kept[0]} if len(kept) == 1 else {"enum": kept}
 
-    def _rewrite_union(self, node: dict, kw: str, pointer: str) -> dict:
+    def _rewrite_union(self, node: dict, kw: str, pointer: str,
+                       negating: str | None = None) -> dict:
+        """anyOf / oneOf (and the unions of if and of some nots: `negating` names the keyword
+        to refuse where a branch's negation cannot be said). A branch no value satisfies is
+        left out: exact, the union is the other branches'."""
         branches = node.pop(kw)
         rest = node
         defs = {k: rest.pop(k) for k in ("$defs", "definitions") if k in rest}
-        live = [b for b in branches if b is not False]
-        if not live:
-            raise ConstraintError(f"every branch of the {kw} at {where(pointer)} is `false`")
-        if validation_keys(rest):
-            live = [self.merge([copy.deepcopy(rest), b], f"{pointer}/{kw}", kw) for b in live]
+        live, originals = [], []
+        for branch in (b for b in branches if b is not False):
+            try:
+                merged = (self.merge([copy.deepcopy(rest), branch], f"{pointer}/{kw}", kw)
+                          if validation_keys(rest) else branch)
+            except Unsatisfiable:
+                continue
+            live.append(merged)
+            originals.append(branch)
         if kw == "oneOf" and len(live) > 1:
-            live = self._exclusive_branches(live, pointer)
-        out: dict = {"anyOf": [self.rewrite(b, f"{pointer}/{kw}/{i}")
-                               for i, b in enumerate(live)]}
-        if len(out["anyOf"]) == 1:
-            out = out["anyOf"][0]
+            live, negating = self._exclusive_branches(live, originals, pointer)
+        rewritten = []
+        for i, branch in enumerate(live):
+            try:
+                rewritten.append(self.rewrite(branch, f"{pointer}/{kw}/{i}"))
+            except Unsatisfiable:
+                continue
+            except ConstraintError as e:
+                if negating is None or "keyword 'not'" not in str(e):
+                    raise
+                raise refuse(negating, pointer, f"a branch's negation cannot be enforced "
+                             f"({e})") from None
+        if not rewritten:
+            raise Unsatisfiable(f"no branch of the {kw} at {where(pointer)} admits a value")
+        out = rewritten[0] if len(rewritten) == 1 else {"anyOf": rewritten}
         for k, v in defs.items():
             out[k] = {name: self.rewrite(s, f"{pointer}/{k}/{_esc(name)}")
                       for name, s in v.items()}
         return out
 
-    def _exclusive_branches(self, live: list, pointer: str) -> list:
+    def _exclusive_branches(self, live: list, originals: list, pointer: str
+                            ) -> tuple[list, str | None]:
         """oneOf branches whose outputs match one branch only (then it is their anyOf), made
-        so by a discriminating property where needed, or refused."""
+        so by a discriminating property where needed, or else each branch with the others
+        negated (then "oneOf" is what to refuse where a negation cannot be said)."""
         pairs = [(i, j) for i in range(len(live)) for j in range(i + 1, len(live))]
-        clash = next(((i, j) for i, j in pairs
-                      if not self.exclusive(live[i], live[j], pointer)), None)
-        if clash is None:
-            return live
+        if all(self.exclusive(live[i], live[j], pointer) for i, j in pairs):
+            return live, None
         tagged = self.discriminate(live, pointer)
         if tagged is not None:
-            return tagged
-        raise refuse("oneOf", pointer, f"branches {clash[0]} and {clash[1]} may both match a "
-                     f"value; only provably exclusive branches (different types, different "
-                     f"const/enum values of a property, or required keys the other cannot "
-                     f"have) are supported")
+            return tagged, None
+        return [{"allOf": [b, {"not": {"anyOf": originals[:i] + originals[i + 1:]}}]}
+                for i, b in enumerate(live)], "oneOf"
 
     # ---- per-type rewrites (strings: schema_formats.rewrite_string) ------------------------
     def _rewrite_object(self, node: dict, pointer: str) -> None:

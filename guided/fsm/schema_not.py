@@ -2,6 +2,11 @@
 other types), of required names (one of them absent), of an enum over a boolean or null
 (the other values), and of anyOf of these (each in turn). A not beside an enum or const is
 no concern here: schema_check filters the values with jsonschema, `not` included.
+
+A not of an object's properties is a union (a non-object, or an object where one property
+fails its schema or a required name is absent: negation_union), and so is if/then/else
+(if and then, or not if and else: if_union); schema_check rewrites such a union's branches
+like anyOf's, each branch's own `not` in one of the forms above or refused.
 """
 from __future__ import annotations
 
@@ -15,6 +20,54 @@ from guided.fsm.schema_merge import (
 )
 
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
+_NON_OBJECT = ["null", "boolean", "array", "string", "number"]
+
+
+def if_union(node: dict) -> dict:
+    """node's if/then/else as anyOf: (if and then) or (not if and else)."""
+    node = dict(node)
+    condition, then, otherwise = node.pop("if"), node.pop("then", True), node.pop("else", True)
+    node["anyOf"] = [{"allOf": [condition, then]}, {"allOf": [{"not": condition}, otherwise]}]
+    return node
+
+
+def negation_union(node: dict) -> dict | None:
+    """node with its `not` as anyOf branches where the not is of an object's properties (or of
+    an anyOf holding one: the other members stay negated in each branch); None otherwise."""
+    branches = _negated_branches(node["not"])
+    if branches is None:
+        return None
+    node = {k: v for k, v in node.items() if k != "not"}
+    node["anyOf"] = branches
+    return node
+
+
+def _negated_branches(negated) -> list | None:
+    if not isinstance(negated, dict):
+        return None
+    keys = set(negated) - ANNOTATIONS
+    if keys == {"anyOf"}:
+        members = negated["anyOf"]
+        for k, member in enumerate(members):
+            branches = _negated_branches(member) if isinstance(member, dict) and (
+                "anyOf" not in member) else None
+            if branches is not None:
+                others = members[:k] + members[k + 1:]
+                return [{"allOf": [b, {"not": {"anyOf": others}}]} if others else b
+                        for b in branches]
+        return None
+    if "properties" not in keys or not keys <= {"properties", "required", "type"} or (
+            negated.get("type", "object") != "object"):
+        return None
+    # properties and required hold of every non-object: only a type makes those fail it
+    branches: list = [{"type": _NON_OBJECT}] if "type" in keys else []
+    for name, schema in negated["properties"].items():
+        if schema is not True and schema != {}:  # present, and failing its schema
+            fails = {} if schema is False else {"properties": {name: {"not": schema}}}
+            branches.append({"type": "object", "required": [name], **fails})
+    branches += [{"type": "object", "not": {"required": [name]}}
+                 for name in negated.get("required", [])]
+    return branches
 
 
 def rewrite_not(node: dict, pointer: str) -> None:

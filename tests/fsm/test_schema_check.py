@@ -10,7 +10,7 @@ from guided.fsm.schema_check import FORMAT_PATTERNS, check_schema
     ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
      "uniqueItems", "/properties/tags"),
     ({"not": {"type": "string", "minLength": 3}}, "not", "/"),
-    ({"properties": {"a": {"if": {"type": "integer"}, "then": {"minimum": 1}}}}, "if",
+    ({"properties": {"a": {"if": {"minimum": 1}, "then": {"type": "integer"}}}}, "if",
      "/properties/a"),
     ({"type": "object", "additionalProperties": {"type": "string"},
       "dependentRequired": {"a": ["b"]}}, "dependentRequired", "/"),

@@ -34,3 +34,46 @@ def test_not_of_required_names():
 def test_not_refused_or_unsatisfiable(schema):
     with pytest.raises(ConstraintError, match="not"):
         check_schema(schema)
+
+
+def test_not_of_properties_is_a_union():
+    """Objects where a property fails its schema (non-objects too where the not names the
+    object type); a property of a list of values filtered against the not."""
+    oracle = Oracle({"type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]}},
+                     "required": ["kind"], "not": {"properties": {"kind": {"const": "a"}}}})
+    oracle.assert_judges(valid=[{"kind": "b"}, {"kind": "c"}], invalid=[{"kind": "a"}])
+    assert oracle.assert_sound() >= 20
+    oracle = Oracle({"not": {"type": "object", "properties": {"x": {"type": "string"}},
+                             "required": ["x"]}})
+    oracle.assert_judges(valid=[1, {"x": 2}, {}], invalid=[{"x": "s"}])
+    assert oracle.assert_sound() >= 20
+
+
+def test_if_then_else_as_a_union():
+    """JME_37 of JSONSchemaBench: if a boolean is true, then one length, else another."""
+    oracle = Oracle({
+        "type": "object", "required": ["isMember"],
+        "properties": {"isMember": {"type": "boolean"}, "number": {"type": "string"}},
+        "if": {"properties": {"isMember": {"const": True}}},
+        "then": {"properties": {"number": {"minLength": 3, "maxLength": 3}}},
+        "else": {"properties": {"number": {"minLength": 5}}}})
+    oracle.assert_judges(valid=[{"isMember": True, "number": "abc"},
+                                {"isMember": False, "number": "abcde"}],
+                         invalid=[{"isMember": True, "number": "abcde"},
+                                  {"isMember": False, "number": "abc"}])
+    assert oracle.assert_sound() >= 20
+    oracle = Oracle({"if": {"type": "integer"}, "then": {"minimum": 3},
+                     "else": {"type": "string"}})
+    oracle.assert_judges(valid=[3, "x"], invalid=[2, None, 1.5])
+    with pytest.raises(ConstraintError, match="'if'"):  # not minimum: no positive form
+        check_schema({"if": {"minimum": 3}, "then": {"type": "integer"}})
+
+
+def test_one_of_with_overlapping_branches_negates_the_others():
+    """Glaiveai2K's calculate_area: exactly one of the shapes' required keys."""
+    oracle = Oracle({"type": "object", "properties": {"radius": {"type": "number"},
+                                                      "side": {"type": "number"}},
+                     "oneOf": [{"required": ["radius"]}, {"required": ["side"]}]})
+    oracle.assert_judges(valid=[{"radius": 1}, {"side": 2}],
+                         invalid=[{"radius": 1, "side": 2}, {}])
+    assert oracle.assert_sound() >= 20
