@@ -13,11 +13,9 @@ Every submit() gets a future of its own (a ticket) on the spec's one compile:
 - a compile past compile_timeout_s fails its tickets with CompileTimeoutError (a 503 to retry,
   never cached as the schema's failure); it goes on in the background and fills the cache, and
   meanwhile the same spec is answered with CompileTimeoutError at once;
-- a new spec whose compile would not even start within compile_timeout_s (the pool's room,
-  from how long compiles take), or past MAX_QUEUED_COMPILES queued, is refused at once with
-  CompileTimeoutError, and queued ones that can no longer start in time are shed the same way:
-  a storm of new schemas degrades to quick 503s, never to a queue that outlives it (a small new
-  schema compiles at once after it).
+- a new spec past MAX_QUEUED_COMPILES queued is refused at once with CompileTimeoutError: a
+  storm of new schemas degrades to 503s, never to a queue that outlives it (its callers'
+  deadlines drop what they gave up on, and a small new schema compiles at once after it).
 Abandoned compiles are bounded by the pool (watchdog_pool.MAX_THREADS_PER_WORKER).
 """
 from __future__ import annotations
@@ -44,9 +42,6 @@ from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
 
 REGEX_BACKENDS = ("xgrammar", "outlines")
-# background DFA builds waiting for their thread (~0.1 s each, seconds for the largest): past
-# this, a stream of new schemas stays on xgrammar rather than queue work (and regexes) unbounded
-MAX_QUEUED_UPGRADES = 256
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
 MAX_QUEUED_COMPILES = 256
 # regexes and grammars up to this long have their bounds checked at submit (milliseconds)
@@ -58,20 +53,11 @@ log = logging.getLogger(__name__)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines" | "dfa" | "llguidance": its next matcher's
+    backend: str  # "xgrammar" | "outlines" | "dfa" | "llguidance"
     _make_matcher: Callable[[], Matcher] = field(repr=False)
-    # a large schema's DFA, compiling in the background while xgrammar serves it (-> the DFA's
-    # CompiledGrammar, or None where it failed): the matchers made once it is in are the DFA's
-    upgrade: Future | None = field(default=None, repr=False)
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the grammar's start (cheap: the compiled grammar is shared)."""
-        upgrade = self.upgrade
-        if upgrade is not None and upgrade.done():
-            dfa = None if upgrade.exception() is not None else upgrade.result()
-            if dfa is not None:
-                self.backend, self._make_matcher = dfa.backend, dfa._make_matcher
-            self.upgrade = None
         return self._make_matcher()
 
 
@@ -108,14 +94,7 @@ class GrammarCompiler:
         idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
-                                  idle=idle, max_wait_s=config.compile_timeout_s)
-        # large schemas' DFAs (dfa_max_wait_size), built while xgrammar serves their requests:
-        # nobody waits for them, so one thread, lower still than the compiles requests wait
-        # for (each is seconds of a core's time, which the step loop needs more while cold)
-        self._upgrades = WatchdogPool(
-            num_workers=config.dfa_upgrade_threads, timeout_s=config.compile_timeout_s,
-            nice=min(19, config.compile_nice + 5), idle=idle,
-            name="grammar-dfa-upgrade") if config.dfa_masks else None
+                                  idle=idle)
         self._schema_workers = None
         if config.schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
@@ -158,9 +137,6 @@ class GrammarCompiler:
         if self._pool.num_queued >= MAX_QUEUED_COMPILES:
             return (f"{MAX_QUEUED_COMPILES} constraints are waiting to compile; "
                     "retry this one later")
-        if self._pool.room() <= 0:
-            return ("the grammar compiler is busy: this constraint would not start compiling "
-                    f"within compile_timeout_s={self.config.compile_timeout_s:g} s; retry later")
         return None
 
     def _start(self, spec: ConstraintSpec, entry: _Compile) -> None:
@@ -207,8 +183,6 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
-        if self._upgrades is not None:
-            self._upgrades.shutdown()
         if self._schema_workers is not None:
             self._schema_workers.shutdown()
 
@@ -254,21 +228,16 @@ class GrammarCompiler:
             seconds = time.perf_counter() - start
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))
-        upgrade = None
         if spec.kind == "json_schema":  # a refusal raises ConstraintError
             want_regex = self.config.dfa_masks
             analysed = (analyse(spec.value, want_regex=want_regex)
                         if self._schema_workers is None
                         else self._schema_workers.analyse(spec.value, want_regex=want_regex))
             schema, regex = analysed.schema, analysed.regex
-            if regex is not None and analysed.size <= self.config.dfa_max_wait_size:
+            if regex is not None and analysed.size <= self.config.dfa_max_size:
                 dfa = self._dfa_grammar(spec, regex, start)
                 if dfa is not None:
                     return dfa
-            elif regex is not None and self._upgrades.num_queued < MAX_QUEUED_UPGRADES:
-                upgrade = Future()  # xgrammar's serves it while the DFA builds
-                self._upgrades.submit(upgrade, lambda: self._dfa_grammar(spec, regex),
-                                      label="json_schema DFA")
             if (regex is None and self.config.llguidance and self._tokenizer is not None
                     and prefers_llguidance(schema)):
                 served = self._llguidance_grammar(spec, schema, start)
@@ -286,8 +255,7 @@ class GrammarCompiler:
         is_json = spec.kind in ("json_schema", "json_object")
         ban = xg.json_ban() if is_json else None
         return CompiledGrammar(spec, seconds, "xgrammar",
-                               lambda: XGrammarMatcher(compiled, vocab, ban=ban),
-                               upgrade=upgrade)
+                               lambda: XGrammarMatcher(compiled, vocab, ban=ban))
 
     def _llguidance_grammar(self, spec: ConstraintSpec, schema: dict,
                             start: float) -> CompiledGrammar | None:
@@ -354,7 +322,7 @@ class GrammarCompiler:
 
 def _settle(ticket: Future, outcome: Future) -> None:
     """A ticket takes its compile's outcome, unless it was settled or cancelled first."""
-    if outcome.cancelled():  # shed from a queue that could not start it in time
+    if outcome.cancelled():  # dropped from the queue (shut down, or nobody waited)
         _fail(ticket, CompileTimeoutError("the grammar compiler is busy: this constraint could "
                                           "not start compiling in time; retry later"))
     elif outcome.exception() is not None:

@@ -30,10 +30,9 @@ class CompileSettings:
     # regular JSON schemas compile to a token-level DFA (outlines-core) instead of xgrammar's
     # grammar: a state's mask row is written once, then copied (fsm/backends/dfa_backend.py)
     dfa_masks: bool = True
-    # a schema whose regex unrolls past this many positions is served by xgrammar at once
-    # while its DFA compiles in the background (fsm/regex_size.py)
-    dfa_max_wait_size: int = 1000
-    dfa_upgrade_threads: int = 1
+    # a schema whose regex unrolls past this many positions is served by xgrammar: its DFA
+    # would cost more to build than it saves (fsm/regex_size.py)
+    dfa_max_size: int = 1000
     # checked schemas with string bounds past a short pattern's compile with llguidance (ms)
     # rather than xgrammar (seconds to minutes: fsm/backends/llguidance_backend.py)
     llguidance: bool = True
@@ -48,7 +47,7 @@ class CompileSettings:
                    xgrammar_threads=xgrammar_threads_default(sched_idle=idle, num_cpus=num_cpus),
                    compile_sched_idle=idle,
                    schema_processes=schema_processes_default(on_gpu=on_gpu, num_cpus=num_cpus),
-                   dfa_max_wait_size=dfa_max_wait_size_default(sched_idle=idle))
+                   dfa_max_size=dfa_max_size_default(on_gpu=on_gpu))
 
 
 def schema_processes_default(*, on_gpu: bool, num_cpus: int) -> int:
@@ -81,10 +80,14 @@ def xgrammar_threads_default(*, sched_idle: bool, num_cpus: int) -> int:
     return max(1, min(8, num_cpus // 2)) if sched_idle else 1
 
 
-def dfa_max_wait_size_default(*, sched_idle: bool) -> int:
-    """Where compiles take idle cores (a GPU host) no new schema waits for its DFA: xgrammar
-    serves it at once while the DFA builds in the background, an outlines-core index costing
-    ~5x xgrammar's compile (benchmarks/compile_vs_baseline.py; H200, default model, every schema
-    new at 64, RESULTS session 30: 6510.4 tok/s against 5710.2 waiting up to 1000). Elsewhere
-    1000: a DFA that builds in well under a second is worth its wait."""
-    return 0 if sched_idle else 1000
+def dfa_max_size_default(*, on_gpu: bool) -> int:
+    """On a GPU host no schema is served by a DFA: waiting for one (outlines-core, ~5x
+    xgrammar's compile: benchmarks/compile_vs_baseline.py) slowed cold serving, and building it
+    in the background while xgrammar served the schema did not pay on the llama-3-8b shape
+    (H200, one lease, benchmarks/beside_vllm.sh's guided passes, JSON at 64: 4801.7 / 7047.6
+    tok/s cold / warm with background DFAs, 4683.3 / 6994.3 without, within the runs' noise),
+    where a warm step on xgrammar's batched fills is as fast as an unconstrained one
+    (engine_offline.py --paired: constrained repeat 1.017x free). On the CPU (the default
+    model: a step is a few ms of host work) DFAs up to 1000 positions: built in well under a
+    second, their memoized rows are the cheapest fill."""
+    return 0 if on_gpu else 1000

@@ -205,55 +205,19 @@ def test_the_compiler_serves_regular_schemas_with_the_dfa(tokenizer):
         off.shutdown()
 
 
-def test_a_large_schema_is_served_by_xgrammar_until_its_dfa_is_in(tokenizer, monkeypatch):
-    """Past dfa_max_wait_size a schema's first grammar is xgrammar's, at once; its DFA compiles
-    in the background, and the matchers made once it is in are the DFA's."""
-    import threading
-
-    building = threading.Event()
-    build = GrammarCompiler._dfa
-
-    def held_build(self, regex):  # the DFA compiles only once the test lets it
-        assert building.wait(60)
-        return build(self, regex)
-
-    monkeypatch.setattr(GrammarCompiler, "_dfa", held_build)
-    compiler = GrammarCompiler(tokenizer, vocab_size=49152,
-                               config=CompileSettings(dfa_max_wait_size=0))
+def test_past_dfa_max_size_a_schema_is_xgrammars_in_the_same_language(tokenizer):
+    """dfa_max_size 0 (a GPU host): no schema waits for or is served by a DFA; xgrammar's
+    grammar admits what the DFA admits (one language whichever backend serves it)."""
+    big = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(dfa_max_size=0))
+    small = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings())
     try:
-        grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
-        assert grammar.backend == "xgrammar" and grammar.upgrade is not None
-        first = grammar.matcher()
-        assert not isinstance(first, DfaMatcher)
-        building.set()
-        assert grammar.upgrade.result(timeout=60).backend == "dfa"
-        later = grammar.matcher()
-        assert isinstance(later, DfaMatcher) and grammar.backend == "dfa"
-        assert grammar.upgrade is None
-        text = b'{"name": "Ann", "role": "user", "tags": ["ab"]}'
-        assert first.accept_bytes(text) and later.accept_bytes(text)  # the same language
-        assert not first.accept_bytes(b"x") and not later.accept_bytes(b"x")
+        xgrammar = big.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
+        dfa = small.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
+        assert (xgrammar.backend, dfa.backend) == ("xgrammar", "dfa")
+        for text, ok in [(b'{"name": "Ann", "role": "user", "tags": ["ab"]}', True),
+                         (b'{"name":"Ann","role":"user","tags":["ab"]}', False), (b"x", False)]:
+            assert xgrammar.matcher().accept_bytes(text) is ok
+            assert dfa.matcher().accept_bytes(text) is ok
     finally:
-        compiler.shutdown()
-    not_regular = GrammarCompiler(tokenizer, vocab_size=49152,
-                                  config=CompileSettings(dfa_max_wait_size=0))
-    try:  # no regex: nothing to wait for
-        grammar = not_regular.compile(ConstraintSpec.json_schema({"type": "number",
-                                                                  "maximum": 9}), timeout=60)
-        assert grammar.backend == "xgrammar" and grammar.upgrade is None
-    finally:
-        not_regular.shutdown()
-
-
-def test_past_the_queued_upgrades_cap_a_new_schema_stays_on_xgrammar(tokenizer, monkeypatch):
-    import guided.fsm.compiler as compiler_module
-
-    monkeypatch.setattr(compiler_module, "MAX_QUEUED_UPGRADES", 0)  # the queue counts as full
-    compiler = GrammarCompiler(tokenizer, vocab_size=49152,
-                               config=CompileSettings(dfa_max_wait_size=0))
-    try:
-        grammar = compiler.compile(ConstraintSpec.json_schema(PERSON), timeout=60)
-        assert grammar.backend == "xgrammar" and grammar.upgrade is None
-        assert grammar.matcher().accept_bytes(b'{"name": "Ann", "role": "user", "tags": ["ab"]}')
-    finally:
-        compiler.shutdown()
+        big.shutdown()
+        small.shutdown()

@@ -2,6 +2,8 @@
 real server and model; every constrained output validated, every refusal a 400 naming the field."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 
@@ -200,35 +202,39 @@ COLD_WARM = [
 ]
 
 
-@pytest.mark.parametrize("schema,warm_backend", zip(COLD_WARM, ["dfa", "xgrammar"]),
+@pytest.mark.parametrize("schema,cpu_backend", zip(COLD_WARM, ["dfa", "xgrammar"]),
                          ids=["city", "http_headers"])
-def test_same_output_cold_and_warm(schema, warm_backend, monkeypatch):
-    """The same greedy request on a schema's first request (cold: xgrammar serves it while its
-    token-level DFA builds, as on a GPU host) and later ones (warm: the DFA, once built) gives
-    the same output: every backend that may serve it enforces the same language."""
-    import time
-
-    from guided.fsm import settings
+def test_same_output_whichever_backend_serves(schema, cpu_backend):
+    """The same greedy request served as on the CPU (a regular schema's token-level DFA) and as
+    on a GPU host (xgrammar's grammar: dfa_max_size 0) gives the same output: every backend
+    that may serve a schema enforces the same language."""
+    from guided.fsm.compiler import GrammarCompiler
     from guided.llm import LLM
     from guided.params import ConstraintSpec, SamplingParams
 
-    monkeypatch.setattr(settings, "dfa_max_wait_size_default", lambda **_: 0)
     llm = LLM()
+    engine = llm.engine
     try:
         params = SamplingParams(json_schema=schema, temperature=0, max_tokens=80)
         messages = [[{"role": "user", "content": "Describe Paris as JSON."}]]
-        [cold] = llm.chat(messages, params)
-        compiled = llm.engine.compiler.submit(ConstraintSpec.json_schema(schema)).result(60)
-        if compiled.upgrade is not None:
-            compiled.upgrade.result(120)  # the DFA built
-        time.sleep(0.1)
-        [warm] = llm.chat(messages, params)
-        assert compiled.backend == warm_backend  # the warm request's matcher came from it
-        assert warm.text == cold.text, (cold.text, warm.text)
-        if cold.finish_reason == "stop":
-            jsonschema.validate(json.loads(cold.text), schema)
+        outputs, backends = [], []
+        for max_size in (engine.compile_settings.dfa_max_size, 0):
+            if engine.compile_settings.dfa_max_size != max_size:  # the GPU host's compiler
+                engine.compile_settings = dataclasses.replace(engine.compile_settings,
+                                                              dfa_max_size=max_size)
+                engine.compiler.shutdown()
+                engine._compiler = GrammarCompiler(engine.tokenizer, vocab_size=engine.vocab_size,
+                                                   config=engine.compile_settings)
+            [out] = llm.chat(messages, params)
+            outputs.append(out)
+            spec = ConstraintSpec.json_schema(schema)
+            backends.append(engine.compiler.submit(spec).result(60).backend)
+        assert backends == [cpu_backend, "xgrammar"]
+        assert outputs[0].text == outputs[1].text, (outputs[0].text, outputs[1].text)
+        if outputs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(outputs[0].text), schema)
     finally:
-        llm.engine.shutdown()
+        engine.shutdown()
 
 
 LARK_SQL = """
