@@ -40,6 +40,7 @@ from guided.fsm.schema_objects import (
     check_min_properties,
     rewrite_pattern_properties,
     rewrite_property_names,
+    rewrite_unevaluated,
     split_dependencies,
 )
 from guided.fsm.schema_refs import localize_refs
@@ -119,6 +120,7 @@ class _Rewriter(SchemaCombiner):
                 and not pointer}
         node.pop("$schema", None)
         _drop_trivial(node)
+        rewrite_unevaluated(node)
         if "enum" in node or "const" in node:
             return self._rewrite_enum(node, pointer)
         if "$ref" in node:

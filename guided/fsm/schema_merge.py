@@ -91,6 +91,10 @@ class SchemaCombiner:
                     out[key] = _merge_value(key, out[key], value, pointer, keyword)
         dicts = [self.deref(s, pointer) for s in schemas]
         dicts = [s for s in dicts if isinstance(s, dict)]
+        for kw in ("unevaluatedProperties", "unevaluatedItems"):
+            if any(kw in d for d in dicts) and sum(bool(validation_keys(d)) for d in dicts) > 1:
+                raise refuse(kw, pointer, f"{kw} inside a combined schema (allOf, $ref, a "
+                                          f"union's branch) is not supported")
         for owner in dicts:  # items applies after the prefixItems of its own schema only
             if "items" in owner and any(o is not owner and "prefixItems" in o
                                         and o.get("prefixItems") != owner.get("prefixItems")

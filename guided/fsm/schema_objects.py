@@ -1,5 +1,6 @@
 """Object keywords for schema_check that xgrammar 0.2.8 enforces only in some forms:
-patternProperties, propertyNames, and minProperties beside undeclared keys.
+patternProperties, propertyNames, minProperties beside undeclared keys, and
+unevaluatedProperties / unevaluatedItems where they are additionalProperties / items.
 
 Probed facts these rules rest on (strict mode, compact separators):
 - a patternProperties or propertyNames pattern is matched whole (its edge anchors dropped): the
@@ -30,6 +31,27 @@ from guided.fsm.schema_formats import (
     whole_match_body,
 )
 from guided.fsm.schema_merge import ANNOTATIONS, json_text, refuse, where
+
+# keywords whose subschemas apply to the instance itself: their evaluated properties and items
+# count for unevaluated* (a `not`'s do not)
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "if", "then", "else", "$ref", "$dynamicRef",
+             "$recursiveRef", "dependentSchemas")
+
+
+def rewrite_unevaluated(node: dict) -> None:
+    """unevaluatedProperties / unevaluatedItems beside no in-place applicator: only node's own
+    keywords evaluate, so they are additionalProperties / items (or nothing where those are
+    given: every property or item is then evaluated). Beside an applicator they stay, to be
+    refused (schema_merge refuses them in a merge: a sibling's properties are no longer told
+    apart from the node's own)."""
+    if any(k in node for k in _IN_PLACE):
+        return
+    if "unevaluatedProperties" in node:
+        rest = node.pop("unevaluatedProperties")
+        node.setdefault("additionalProperties", rest)
+    if "unevaluatedItems" in node and "contains" not in node:  # contains evaluates items too
+        rest = node.pop("unevaluatedItems")
+        node.setdefault("items", rest)
 
 
 def rewrite_pattern_properties(node: dict, pointer: str) -> None:

@@ -81,3 +81,17 @@ def test_draft7_spellings_are_read_as_2020_12():
     assert set(out["required"]) == {"a", "b"}
     out = check_schema({"type": "integer", "minimum": 3, "exclusiveMinimum": True})
     assert out["minimum"] == 4
+
+
+def test_unevaluated_keywords_beside_no_applicator_close_the_node():
+    oracle = Oracle({"type": "object", "properties": {"a": {"type": "integer"}},
+                     "patternProperties": {"^x": {"type": "string"}},
+                     "unevaluatedProperties": False})
+    oracle.assert_judges(valid=[{"a": 1}, {"x": "s"}], invalid=[{"b": 1}, {"x": 1}])
+    assert oracle.assert_sound() >= 20
+    oracle = Oracle({"prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "null"}})
+    oracle.assert_judges(valid=[[1], [1, None]], invalid=[[1, 2]])
+    # beside an applicator the siblings' properties count as evaluated: refused there
+    with pytest.raises(ConstraintError, match="unevaluatedProperties"):
+        check_schema({"allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}],
+                      "properties": {"b": {}}})
