@@ -36,7 +36,7 @@ from guided.server.logprobs import TokenTexts
 from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.server.native_routes import add_native_routes
 from guided.server.prompting import PromptWork, chat_chars, completion_chars
-from guided.server.reasoning import PARSERS, wrap_constraint
+from guided.server.reasoning import PARSERS, thinks, wrap_constraint
 from guided.server.responses import chat_response, completion_response
 from guided.server.sampling_fields import sampling_extras
 from guided.server.sglang_routes import add_sglang_routes
@@ -128,7 +128,7 @@ class Server:
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
         job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
-                  reasoning=self.reasoning)
+                  reasoning=self.reasoning and thinks(req))
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         return job
 

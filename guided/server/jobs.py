@@ -62,7 +62,7 @@ def message_out(plan: ToolPlan | None, out: RequestOutput, *, reasoning: bool = 
     thought, text = split_reasoning(out.text) if reasoning else (None, out.text)
     message, reason = _message(plan, out, text)
     if thought is not None:
-        message.reasoning_content = thought.strip("\n") or None
+        message.reasoning_content = message.reasoning = thought.strip("\n") or None
     return message, reason
 
 

@@ -220,7 +220,8 @@ class ChatMessageOut(_Response):
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
     function_call: FunctionCallOut | None = None  # requests with legacy `functions`
-    reasoning_content: str | None = None  # a reasoning parser's think section
+    reasoning_content: str | None = None  # a reasoning parser's think section (SGLang's name)
+    reasoning: str | None = None  # the same, under vLLM's newer name
 
 
 class ChatChoice(_Response):
@@ -257,6 +258,7 @@ class ChatDelta(_Response):
     tool_calls: list[ToolCallDelta] | None = None
     function_call: FunctionCallDelta | None = None  # requests with legacy `functions`
     reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChunkChoice(_Response):

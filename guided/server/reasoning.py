@@ -40,6 +40,13 @@ def _inner_format(kwargs: dict) -> dict[str, Any]:
                               "reasoning parser", param="structural_tag")
 
 
+def thinks(req) -> bool:
+    """Whether a chat request reasons: `chat_template_kwargs: {"enable_thinking": false}` (the
+    switch of Qwen3's template, which vLLM's and SGLang's parsers honour) turns it off, so the
+    constraint applies from the first token."""
+    return (req.chat_template_kwargs or {}).get("enable_thinking") is not False
+
+
 def wrap_constraint(kwargs: dict, prompt_text: str) -> dict:
     """The constraint applied after the think section (no constraint: unchanged). A prompt
     that already opens the section (templates that end in `<think>`) leaves it out of the

@@ -97,7 +97,8 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         if job.reasoning:  # the think section streams as reasoning_content, the rest as usual
             thought, text = split_reasoning(text, finished=out.finished)
             if len(thought) > sent_thought[i]:
-                delta = P.ChatDelta(reasoning_content=thought[sent_thought[i]:])
+                new = thought[sent_thought[i]:]
+                delta = P.ChatDelta(reasoning_content=new, reasoning=new)
                 sent_thought[i] = len(thought)
                 yield frame.chat([P.ChatChunkChoice(index=i, delta=delta)])
         if streamers[i] is not None:

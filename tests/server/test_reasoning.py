@@ -1,5 +1,5 @@
 """The reasoning parser: the constraint holds after <think> ... </think>, whose text comes back
-as reasoning_content (unit tests; the real server: test_e2e_reasoning below)."""
+as reasoning_content and reasoning (unit tests; the real server: test_e2e_reasoning below)."""
 from __future__ import annotations
 
 import json
@@ -72,6 +72,7 @@ def test_e2e_reasoning(reasoning_client, stream):
             if chunk.choices:
                 delta = chunk.choices[0].delta
                 thought += getattr(delta, "reasoning_content", None) or ""
+                assert getattr(delta, "reasoning", None) == getattr(delta, "reasoning_content", None)
                 content += delta.content or ""
                 finish = chunk.choices[0].finish_reason or finish
     else:
@@ -79,9 +80,22 @@ def test_e2e_reasoning(reasoning_client, stream):
         message = choice.message
         thought, content, finish = (getattr(message, "reasoning_content", None) or "",
                                     message.content or "", choice.finish_reason)
+        assert message.reasoning == message.reasoning_content  # vLLM's newer name, SGLang's
     assert thought  # the section is forced first, and comes back apart from the content
     assert "<think>" not in content and "</think>" not in content
     if finish == "stop":
         jsonschema.validate(json.loads(content), POINT)
     else:
         assert finish == "length"
+
+
+@pytest.mark.slow
+def test_e2e_enable_thinking_false_constrains_from_the_start(reasoning_client):
+    choice = reasoning_client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Give a point as JSON."}],
+        temperature=0, max_tokens=40, extra_body={"chat_template_kwargs": {
+            "enable_thinking": False}}, response_format={"type": "json_schema", "json_schema": {
+                "name": "point", "schema": POINT}}).choices[0]
+    assert choice.finish_reason == "stop"
+    assert getattr(choice.message, "reasoning_content", None) is None
+    jsonschema.validate(json.loads(choice.message.content), POINT)
