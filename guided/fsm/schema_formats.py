@@ -20,6 +20,8 @@ _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,31}"
 _HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,2}}"
 _LOCAL_PART = r"[A-Za-z0-9_%+-]{1,32}(?:\.[A-Za-z0-9_%+-]{1,32}){0,2}"
+# RFC 6901: "/"-separated tokens, "~" only as ~0 or ~1
+_POINTER = r'(?:/(?:[^/~"\\\x00-\x1f]|~[01])*)*'
 # Formats jsonschema's checker enforces here, mapped to patterns proven to admit only valid strings.
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
@@ -31,10 +33,14 @@ FORMAT_PATTERNS = {
     "hostname": f"^{_HOSTNAME}$",
     # the full form only (eight groups, no "::" and no zone): a subset of the format
     "ipv6": r"^[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{1,4}){7}$",
+    "json-pointer": f"^{_POINTER}$",
+    # jsonschema refuses a 0 after any digit (it reads "10" as a leading zero): none then
+    "relative-json-pointer": f"^(?:0|[1-9]+)(?:#|{_POINTER})$",
+    # text without regex syntax: always a valid regex, a subset of the format
+    "regex": r'^[^\\\[\](){}*+?|"\x00-\x1f]*$',
 }
 # Formats jsonschema checks (with the packages installed here) that we cannot enforce exactly.
-UNENFORCEABLE_FORMATS = frozenset({"regex", "idn-email", "idn-hostname", "json-pointer",
-                                   "relative-json-pointer", "iri", "iri-reference",
+UNENFORCEABLE_FORMATS = frozenset({"idn-email", "idn-hostname", "iri", "iri-reference",
                                    "uri-template"})
 # Formats xgrammar enforces; jsonschema checks them when its [format] extras are installed.
 XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "duration"})

@@ -66,3 +66,15 @@ def test_long_bounds_beside_a_class_that_admits_a_backslash():
     oracle = Oracle({"type": "string", "pattern": '^[^,"]+$', "maxLength": 255})
     assert not oracle.admits('"a\\ b"') and oracle.admits('"ab"')
     assert oracle.assert_sound(walks=30) >= 20
+
+
+def test_pointer_and_regex_formats():
+    oracle = Oracle({"type": "string", "format": "json-pointer"})
+    oracle.assert_judges(valid=["", "/a/b~1c", "/~0"], invalid=["a", "/~2"])
+    assert oracle.assert_sound() >= 20
+    oracle = Oracle({"type": "string", "format": "relative-json-pointer"})
+    oracle.assert_judges(valid=["0", "1#", "12/a"], invalid=["01", "/a", "a"])
+    assert oracle.assert_sound() >= 20
+    oracle = Oracle({"type": "string", "format": "regex"})  # literal text only: a subset
+    oracle.assert_judges(valid=["^ab.c$"], invalid=["(a", "a**"])
+    assert oracle.assert_sound() >= 20
