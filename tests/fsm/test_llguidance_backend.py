@@ -113,6 +113,38 @@ def test_instances_judged_and_the_matcher_interface(compiler):
     assert not matcher.is_terminated() and matcher.accept_token(eos)
 
 
+def test_llguidance_reads_our_token_table(compiler):
+    """llguidance's tokenizer is built from fsm/vocab's bytes, not from its own reading of the
+    tokenizer's JSON (which depends on the installed `tokenizers`: wrong under the GPU image's)."""
+    grammar = compiler.compile(ConstraintSpec.json_schema(SCHEMAS[0]))
+    assert grammar.backend == "llguidance"
+    backend, vocab = compiler._llguidance, compiler.vocab
+    ours = [i for i in range(len(vocab.token_bytes)) if i not in vocab.special_ids]
+    assert all(backend.tokenizer.decode_bytes([i]) == vocab.token_bytes[i] for i in ours)
+
+
+def test_every_token_a_mask_allows_is_accepted(compiler):
+    """The property that failed on the GPU host: a mask allowed `:` after `{"key":` and the
+    matcher then refused it. Along random walks, every allowed token (up to 40 a step) is one
+    the matcher accepts."""
+    grammar = compiler.compile(ConstraintSpec.json_schema(SCHEMAS[0]))
+    rng = random.Random(1)
+    row = torch.zeros(1, -(-len(compiler.vocab.token_bytes) // 32), dtype=torch.int32)
+    for _ in range(3):
+        matcher = grammar.matcher()
+        for _ in range(30):
+            matcher.fill_bitmask(row, 0)
+            words = row[0].numpy().view(np.uint32)
+            allowed = [i for i in range(len(compiler.vocab.token_bytes))
+                       if (int(words[i >> 5]) >> (i & 31)) & 1]
+            if not allowed or matcher.is_terminated():
+                break
+            for token in rng.sample(allowed, min(40, len(allowed))):
+                assert matcher.accept_token(token), (token, compiler.vocab.token_bytes[token])
+                matcher.rollback(1)
+            assert matcher.accept_token(rng.choice(allowed))
+
+
 @pytest.mark.slow
 def test_the_engine_serves_an_llguidance_schema(compiler):
     """The real default model, offline: a schema with long string bounds (llguidance's) gives

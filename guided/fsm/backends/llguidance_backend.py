@@ -111,17 +111,40 @@ def _anchored(pattern: str) -> str:
     return f"^(?:{whole_match_body(pattern)})$"
 
 
+class _OwnTokens:
+    """What llguidance's TokenizerWrapper reads of a tokenizer: our token table (fsm/vocab.py,
+    the bytes every backend works from) and the tokenizer's own encoding of text.
+
+    Not llguidance.hf.from_tokenizer: that has llguidance parse the tokenizer's JSON as the
+    installed `tokenizers` writes it, and under tokenizers 0.23.2 (the GPU image) its masks were
+    wrong: after `{"accept":` it allowed only `:` where the grammar wanted a space, so 59 of 81
+    requests on its schemas failed with a rejected token on an H200 host (none on the CPU)."""
+
+    def __init__(self, tokenizer, vocab: TokenVocab):
+        special = vocab.special_ids
+        self.tokens = [tokenizer.convert_ids_to_tokens(i).encode() if i in special else piece
+                       for i, piece in enumerate(vocab.token_bytes)]
+        self.eos_token_id = vocab.eos_token_ids[0]
+        self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
+        self.special_token_ids = sorted(special)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
 class LLGuidanceBackend:
     """One llguidance tokenizer (built once, ~0.25 s) for a compiler's vocabulary."""
 
     name = "llguidance"
 
     def __init__(self, tokenizer, vocab: TokenVocab):
-        import llguidance.hf
+        from llguidance import LLTokenizer, TokenizerWrapper
 
         self.vocab = vocab
-        self.tokenizer = llguidance.hf.from_tokenizer(
-            tokenizer, n_vocab=vocab.vocab_size, eos_token=list(vocab.eos_token_ids))
+        self.tokenizer = LLTokenizer(TokenizerWrapper(_OwnTokens(tokenizer, vocab)),
+                                     n_vocab=vocab.vocab_size,
+                                     eos_token=list(vocab.eos_token_ids))
         self._lock = threading.Lock()
 
     def compile(self, schema: dict) -> str:
