@@ -44,7 +44,8 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token that ended it
     error: str | None = None  # finish_reason == "error": what went wrong, for the client
-    error_type: str | None = None  # "constraint" | "invalid_request" | "internal"
+    # "constraint" | "invalid_request" | "internal" | "unavailable" (its engine died: retry)
+    error_type: str | None = None
     logprobs: list[TokenLogprob] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 

@@ -3,7 +3,8 @@
 The output of a request is scripted by its prompt: the text after the last "ECHO:" (up to the
 next "<|im_end|>") is emitted one byte-token per step. "RAISE" makes step() raise; "DEAD" raise
 EngineDeadError (as a dead tensor-parallel worker does); "SLOW" emits
-nothing for a long time (a request that never finishes on its own).
+nothing for a long time (a request that never finishes on its own); "BUSY" computes for BUSY_S in
+its first step (a CPU host's long prefill), then echoes itself.
 
 fake_client() runs one in an engine process behind an EngineClient, as `guided serve` runs the
 real engine (tests/ is on sys.path, so the spawned process imports this module by name)."""
@@ -25,6 +26,7 @@ from guided.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogp
 from guided.params import ConstraintSpec, SamplingParams
 from guided.serving.client import EngineClient
 
+BUSY_S = 8.0
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -124,6 +126,10 @@ class FakeEngine:
             if script_text == "SLOW":
                 time.sleep(0.01)
                 continue
+            if script_text == "BUSY" and not r.token_ids:
+                end = time.monotonic() + BUSY_S
+                while time.monotonic() < end:
+                    pass
             r.token_ids.append(r.script[len(r.token_ids)])
             r.first_token_time = r.first_token_time or time.time()
             self._generated += 1

@@ -1,7 +1,8 @@
 """Admission control: at most `capacity` engine requests (choices) in flight; the rest wait in a
 FIFO here, bounded by count and by expected wait, each for at most QUEUE_TIMEOUT_S. What does not
-fit is a 503 with Retry-After at once, never a request left to time out at its client (200
-clients on the CPU: all admitted, 171 timed out).
+fit is a 429 with Retry-After at once (what OpenAI and vLLM clients retry as rate limiting; a 503
+stays for an engine that is down and for compile timeouts), never a request left to time out at
+its client (200 clients on the CPU: all admitted, 171 timed out).
 
 The expected wait of a newcomer is (choices ahead of it in the queue) x (the recent mean time a
 choice holds its slot) / capacity: past QUEUE_TIMEOUT_S it would time out anyway, so it is
@@ -25,7 +26,7 @@ _HOLD_WEIGHT = 0.1
 
 
 class QueueFullError(OverloadedError):
-    """The admission queue is full or its wait too long: retry after retry_after_s."""
+    """The admission queue is full or its wait too long: a 429, retry after retry_after_s."""
 
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)

@@ -20,7 +20,7 @@ from guided.errors import (
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
-from guided.server.admission import Admission, register_metrics
+from guided.server.admission import Admission, QueueFullError, register_metrics
 from guided.server.auth import ApiKeyMiddleware
 from guided.server.door import MAX_BODY_BYTES, BodyTooLarge, clip, read_json
 from guided.server.jobs import (
@@ -298,7 +298,10 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
                                   code=413)
         except RecursionError:  # a pathologically nested value inside a valid body
             return error_response(400, "the request is nested too deeply")
-        except OverloadedError as e:
+        except QueueFullError as e:  # what OpenAI and vLLM clients retry as rate limiting
+            return error_response(429, str(e), type="rate_limit_error",
+                                  code="rate_limit_exceeded", retry_after_s=e.retry_after_s)
+        except OverloadedError as e:  # the engine restarting, a compile timeout
             return error_response(503, str(e), type="server_error", code="overloaded",
                                   retry_after_s=e.retry_after_s)
         except ClientGone:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from guided.errors import ConstraintError, InvalidRequestError
+from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
@@ -90,6 +90,8 @@ def raise_if_error(out: RequestOutput) -> None:
         raise ConstraintError(out.error or "the constraint cannot be compiled")
     if out.error_type == "invalid_request":
         raise InvalidRequestError(out.error or "invalid request")
+    if out.error_type == "unavailable":  # a 503 to retry: the engine is being restarted
+        raise OverloadedError(out.error or "the engine is being restarted")
     raise RuntimeError(out.error or "internal engine error")
 
 

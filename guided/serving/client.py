@@ -8,7 +8,8 @@ writes to the loop's self-pipe, so one a step, not one an output). If the engine
 every open request ends with an error and every waiting call fails; /health reports it and a
 fresh engine process is started in its place.
 A watchdog pings the engine loop every second (answered between steps): one silent for
-UNRESPONSIVE_S is reported by /health, and past HUNG_S killed and replaced.
+UNRESPONSIVE_S is reported by /health, and past HUNG_S killed and replaced, unless its process
+is still using CPU (a long step), then only past BUSY_HUNG_S.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +40,10 @@ PING_INTERVAL_S = 1.0
 # chunk is bounded by max_num_batched_tokens, compiles run off the step loop
 UNRESPONSIVE_S = 5.0
 HUNG_S = 30.0
+# ...but a silent engine whose process still uses CPU is in a long step, not stuck: on a loaded
+# 2-core CPU one step of max_num_batched_tokens (2048) took 30-117 s (200 clients at once); it
+# is killed only past this
+BUSY_HUNG_S = 600.0
 
 
 class EngineClient:
@@ -289,7 +295,7 @@ class EngineClient:
         self._deliver([(stream, final_output(request_id, self._last.get(request_id),
                                        "error" if died else "abort",
                                        "the engine process exited" if died else None,
-                                       "internal" if died else None))
+                                       "unavailable" if died else None))
                        for request_id, stream in streams.items()])
         if self._stopped is not None:
             _resolve(self._stopped, None)
@@ -324,6 +330,7 @@ class EngineClient:
     def _watch(self) -> None:
         """Ping the engine loop every PING_INTERVAL_S; one silent past HUNG_S is killed (its
         reader then restarts it)."""
+        cpu, progress = None, time.monotonic()  # the process's CPU time; when it last grew
         while self._stopped is None:
             time.sleep(PING_INTERVAL_S)
             if not self._alive:
@@ -332,10 +339,25 @@ class EngineClient:
                 self._send(m.Ping())
             except OverloadedError:
                 continue
-            silent = time.monotonic() - self._last_pong
-            if silent > HUNG_S and self._process.is_alive():
+            now = time.monotonic()
+            last, cpu = cpu, _cpu_seconds(self._process.pid)
+            if cpu is not None and last is not None and cpu - last > 0.05 * PING_INTERVAL_S:
+                progress = now
+            silent = now - self._last_pong
+            if self._process.is_alive() and (silent > BUSY_HUNG_S or (
+                    silent > HUNG_S and now - progress > HUNG_S)):
                 logger.error("the engine has not answered for %.0f s: killing it", silent)
                 self._process.kill()
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """The CPU time a process has used (Linux /proc), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:

@@ -1,5 +1,5 @@
 """Admission: a FIFO in front of the engine, bounded by count, expected wait and a queue
-timeout; every refusal a QueueFullError (503) with a Retry-After; no slot ever leaks."""
+timeout; every refusal a QueueFullError (a 429) with a Retry-After; no slot ever leaks."""
 from __future__ import annotations
 
 import asyncio
@@ -75,7 +75,7 @@ def test_an_expected_wait_past_the_queue_timeout_is_refused_at_once():
     run(main())
 
 
-def test_a_request_that_waits_past_the_queue_timeout_gets_a_503_and_leaves_the_queue():
+def test_a_request_that_waits_past_the_queue_timeout_is_refused_and_leaves_the_queue():
     async def main():
         gate = Admission(1, max_waiting=10, queue_timeout_s=0.1)
         slot = await gate.enter(1)

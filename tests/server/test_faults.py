@@ -1,16 +1,19 @@
 """Faults on a real server of its own (2 running sequences, 4 requests in flight at most): clients
 that disconnect at every stage are aborted cleanly (no KV block or running request left), a
-flood past the waiting queue gets 503s with error bodies while every accepted request completes,
+flood past the waiting queue gets 429s with Retry-After (which the official openai client honours)
+while every accepted request completes,
 and SIGTERM drains gracefully (the in-flight stream ends properly, exit status 0)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -206,7 +209,7 @@ def test_disconnect_with_n_choices(url):
 
 # ---- overload -----------------------------------------------------------------------------------
 
-def test_flood_gets_503_past_the_queue(url):
+def test_flood_gets_429_past_the_queue(url):
     body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 12, "ignore_eos": True}
 
@@ -217,18 +220,50 @@ def test_flood_gets_503_past_the_queue(url):
     with ThreadPoolExecutor(24) as pool:
         responses = list(pool.map(one, range(24)))
     statuses = [r.status_code for r in responses]
-    assert set(statuses) <= {200, 503}, statuses
-    assert statuses.count(503) > 0 and statuses.count(200) >= MAX_WAITING, statuses
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(429) > 0 and statuses.count(200) >= MAX_WAITING, statuses
     for r in responses:
-        if r.status_code == 503:
+        if r.status_code == 429:
             error = r.json()["error"]
-            assert error["code"] == "overloaded" and error["type"] == "server_error"
+            assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+            assert 1 <= int(r.headers["retry-after"]) <= 60
         else:
             choice = r.json()["choices"][0]
             assert choice["finish_reason"] == "length" and r.json()["usage"][
                 "completion_tokens"] == 12
     wait_for(url, idle)
     assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
+
+
+def test_the_openai_client_retries_a_429_after_its_retry_after(url):
+    openai = pytest.importorskip("openai")
+    blockers = [Streamer(url, long_chat()) for _ in range(MAX_NUM_SEQS)]
+    for b in blockers:
+        b.start()
+    for b in blockers:
+        b.wait_events(2)
+    queued = [open_request(url, CHAT, long_chat(max_tokens=5)) for _ in range(MAX_WAITING)]
+    attempts = []  # (time, status, Retry-After) of each attempt the client makes
+    http = httpx.Client(event_hooks={"response": [lambda r: attempts.append(
+        (time.monotonic(), r.status_code, r.headers.get("retry-after")))]})
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=1,
+                           http_client=http, timeout=120)
+    try:
+        wait_for(url, lambda m: m["guided_requests_queued"] == MAX_WAITING)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(model="default", max_tokens=4,
+                                           messages=[{"role": "user", "content": "Hi"}])
+        assert caught.value.status_code == 429
+        assert [status for _, status, _ in attempts] == [429, 429]
+        (first, _, retry_after), (second, _, _) = attempts
+        assert second - first >= int(retry_after) - 0.05  # it waited as told
+    finally:
+        for sock in queued:
+            sock.close()
+        for b in blockers:
+            b.stop()
+        http.close()
+    wait_for(url, idle)
 
 
 def test_n_beyond_the_queue_is_a_400(url):
@@ -238,6 +273,32 @@ def test_n_beyond_the_queue_is_a_400(url):
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "n"
     wait_for(url, idle)
+
+
+# ---- the engine dies under a request ------------------------------------------------------------
+
+def engine_pid(server_pid: int) -> int:
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in children:
+        if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():  # not the resource tracker
+            return int(pid)
+    raise AssertionError("no engine process")
+
+
+def test_a_request_whose_engine_dies_gets_a_503_to_retry(server):
+    url, proc = server
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, url + CHAT, json=long_chat(), timeout=120)
+        wait_for(url, lambda m: m["guided_requests_running"] == 1)
+        os.kill(engine_pid(proc.pid), signal.SIGKILL)
+        response = pending.result()
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "overloaded" and response.headers["retry-after"]
+    deadline = time.monotonic() + 240
+    while httpx.get(url + "/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert httpx.post(url + CHAT, json=long_chat(max_tokens=3), timeout=120).status_code == 200
 
 
 # ---- graceful shutdown (runs last: it stops the module's server) --------------------------------

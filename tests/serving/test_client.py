@@ -326,6 +326,18 @@ def test_a_killed_engine_fails_its_requests_and_is_replaced():
     asyncio.run(asyncio.wait_for(main(), 300))
 
 
+def test_a_long_step_that_uses_the_cpu_is_not_taken_for_a_hang(monkeypatch):
+    monkeypatch.setattr(client_module, "HUNG_S", 3.0)  # the fake's busy step takes 8 s
+    engine = fake_client()
+
+    async def main():
+        outs = await collect(engine, "busy", "ECHO:BUSY")
+        assert outs[-1].text == "BUSY" and engine.restarts == 0
+        await engine.shutdown(drain_timeout=0)
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
 def test_a_hung_engine_is_reported_at_once_then_killed_and_replaced(monkeypatch):
     monkeypatch.setattr(client_module, "HUNG_S", 4.0)
     engine = EngineClient(_config(), log_level="error")
