@@ -142,7 +142,8 @@ class Engine:
             return self._finish(request, "length")
         if spec is not None:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
-            request.grammar_future = self.compiler.submit(spec)
+            # offline, a batch may bring more new schemas than a server lets queue: all wait
+            request.grammar_future = self.compiler.submit(spec, bounded=False)
         self.scheduler.add(request)
         log.debug("added %s: %d prompt tokens, %s", request_id, len(prompt_ids), spec and spec.kind)
 

@@ -102,9 +102,11 @@ class GrammarCompiler:
             self._schema_workers = SchemaWorkers(config.schema_processes)
 
     # ---- public API ---------------------------------------------------------------------
-    def submit(self, spec: ConstraintSpec) -> Future:
+    def submit(self, spec: ConstraintSpec, *, bounded: bool = True) -> Future:
         """A future of the caller's own for spec's CompiledGrammar (a ConstraintError for a
-        bad spec, CompileTimeoutError to retry); cancel it when no longer waiting."""
+        bad spec, CompileTimeoutError to retry); cancel it when no longer waiting. bounded:
+        refused at once past MAX_QUEUED_COMPILES queued (a server's new schemas); an offline
+        batch's requests (the engine's own submits) queue however many there are."""
         ticket: Future = Future()
         with self._lock:
             entry = self._cache.get(spec)
@@ -113,7 +115,7 @@ class GrammarCompiler:
             if entry is not None:
                 self._cache.move_to_end(spec)
             else:
-                busy = self._busy()
+                busy = self._busy() if bounded else None
                 if busy is not None:
                     ticket.set_exception(CompileTimeoutError(busy))
                     return ticket

@@ -168,8 +168,10 @@ def test_a_compile_queue_too_deep_refuses_new_specs_at_once(gated, monkeypatch):
     monkeypatch.setattr("guided.fsm.compiler.MAX_QUEUED_COMPILES", 0)
     with pytest.raises(CompileTimeoutError, match="waiting to compile"):
         c.submit(ConstraintSpec("regex", "slow6")).result(timeout=0.1)
+    offline = c.submit(ConstraintSpec("regex", "slow7"), bounded=False)  # an offline batch's
     gate.opened.set()
     first.exception(timeout=30)
+    assert "waiting to compile" not in str(offline.exception(timeout=30) or "")  # queued
 
 
 def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
