@@ -73,9 +73,9 @@ def main() -> None:
     results = {"guided": [], "xgrammar": []}
     for i, schema in enumerate(schemas):
         results["guided"].append(timed(
-            lambda: ours.compile(ConstraintSpec.json_schema(schema)).matcher()))
-        results["xgrammar"].append(timed(lambda: theirs.compile_json_schema(
-            json.dumps(schema), strict_mode=True, any_whitespace=False)))
+            lambda s=schema: ours.compile(ConstraintSpec.json_schema(s)).matcher()))
+        results["xgrammar"].append(timed(lambda s=schema: theirs.compile_json_schema(
+            json.dumps(s), strict_mode=True, any_whitespace=False)))
         print(f"\r{i + 1}/{len(schemas)} schemas", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     ours.shutdown()

@@ -82,7 +82,7 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
     if budgeted != text:
         try:
             grammar = xgr.Grammar.from_ebnf(budgeted)
-        except Exception as e:  # an unreadable rewrite must not pass as a served grammar
+        except Exception as e:  # noqa: BLE001 - an unreadable rewrite: never served as is
             raise ValueError(f"the grammar rewritten (utf8_classes, char_budgets) does not "
                              f"parse: {e}") from None
     return grammar
