@@ -54,8 +54,3 @@ def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
         return None
     return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"
 
-
-def has_budget(ebnf: str) -> bool:
-    """Whether the grammar text limits a rule's characters (its rows cost more as the budget
-    runs out: ~10 ms for the last few tokens on the CPU)."""
-    return "[max_chars=" in ebnf

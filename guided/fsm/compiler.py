@@ -188,11 +188,6 @@ class GrammarCompiler:
         if self._schema_workers is not None:
             self._schema_workers.shutdown()
 
-    @property
-    def xgrammar_tokenizer_info(self):
-        """The xgrammar TokenizerInfo its grammars are compiled for (mask shards load it)."""
-        return self._xgrammar.tokenizer_info
-
     # ---- compiling ------------------------------------------------------------------------
     def _precheck(self, spec: ConstraintSpec) -> str | None:
         if not isinstance(spec, ConstraintSpec):

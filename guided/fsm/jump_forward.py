@@ -51,25 +51,12 @@ class CachedEncoder:
             return tuple(tokenizer.encode(text, add_special_tokens=False))
 
         encode = slow
-        self.backend_json: str | None = None  # the Rust tokenizer, where it is the path taken
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             fast = _backend_encode(backend)
             if all(fast(p) == slow(p) for p in self.PROBES):
                 encode = fast
-                self.backend_json = backend.to_str()
         self._encode = functools.lru_cache(maxsize=maxsize)(encode)
-
-    @classmethod
-    def from_backend_json(cls, backend_json: str, maxsize: int = 1 << 16) -> CachedEncoder:
-        """The same encoder in another process (a mask shard's), from backend_json."""
-        from tokenizers import Tokenizer
-
-        encoder = cls.__new__(cls)
-        encoder.backend_json = backend_json
-        encoder._encode = functools.lru_cache(maxsize=maxsize)(
-            _backend_encode(Tokenizer.from_str(backend_json)))
-        return encoder
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._encode(text))

@@ -98,14 +98,6 @@ def apply_bans(bitmask: torch.Tensor, bans: Bans) -> None:
             bitmask[index, :width] &= keep
 
 
-def allowed_counts(bitmask: torch.Tensor, rows: list[int]) -> np.ndarray:
-    """The number of tokens each of the rows allows (one vectorized count)."""
-    words = bitmask.numpy()[rows].view(np.uint32)
-    if hasattr(np, "bitwise_count"):  # numpy >= 2
-        return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
-    return np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
-
-
 def note_ban(bans: Bans, matcher, rows) -> None:
     """Rows (an iterable) the matcher's token ban, if it has one, is still to be ANDed into."""
     if matcher.ban is not None:

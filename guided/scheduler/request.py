@@ -63,10 +63,6 @@ class Request:
     read_offset: int = 0
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
@@ -90,7 +86,3 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
-
-    @property
-    def is_constrained(self) -> bool:
-        return self.matcher is not None

@@ -139,19 +139,6 @@ def load_model_config(model: str) -> ModelConfig:
     return ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()), model)
 
 
-def load_state_dict(model: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    model_dir = resolve_model_dir(model)
-    state: dict[str, torch.Tensor] = {}
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
 class SafetensorsReader:
     """Slices of a directory's *.safetensors through memory maps: a rank copies out its own
     slices only (a column slice pages in the rows it crosses, and keeps none of them)."""

@@ -176,9 +176,6 @@ class XGrammarBackend:
             return str(e)
         return None
 
-    def compile_checked_schema(self, schema: dict) -> xgr.CompiledGrammar:
-        return self.compile(self.recipe("json_schema", json.dumps(schema)))
-
 
 class XGrammarMatcher(Matcher):
     __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled")
