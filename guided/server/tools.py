@@ -6,8 +6,8 @@ parses; only max_tokens can cut it):
 - a call is `{"name": <const>, "parameters": <that tool's parameters schema>}` (Llama 3.1's JSON
   tool-call format: "name" sorts before "parameters", so the function is chosen before its
   arguments even when the engine canonicalizes the schema with sorted keys);
-- tool_choice named: one call of that tool; "required": one call (anyOf over the tools), or a
-  non-empty array of calls when parallel_tool_calls is true;
+- tool_choice named: one call of that tool; "required": one call (anyOf over the tools), or
+  also a non-empty array of calls when parallel_tool_calls is true;
 - tool_choice "auto": anyOf [a call, (parallel: an array of calls,) `{"content": <text>}`]: the
   model answers in text through the "content" object, which the server unwraps.
 
@@ -150,7 +150,7 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
                         {"json_schema": _calls_schema(chosen, parallel=False)})
     if tool_choice == "required":
         return ToolPlan("required", functions, parallel_tool_calls,
-                        {"json_schema": _calls_schema(functions, parallel=parallel_tool_calls)})
+                        {"json_schema": required_schema(functions, parallel=parallel_tool_calls)})
     if tool_format is not None and content_schema is None:
         closed = [{**f, "parameters": closed_objects(f["parameters"])} for f in functions]
         return ToolPlan("auto", functions, parallel_tool_calls, {"structural_tag": auto_tag(
@@ -255,14 +255,30 @@ def _calls_schema(functions: list[dict[str, Any]], *, parallel: bool,
     return schema if defs is not None else _with_defs(schema, own)
 
 
+def required_schema(functions: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+    """One call, or (parallel) also an array of calls. A lone call stays an option beside the
+    array: forced to open an array, SmolLM2-135M repeated its call until max_tokens (up to the
+    whole context) where, given the choice, it writes one call and stops."""
+    if not parallel:
+        return _calls_schema(functions, parallel=False)
+    defs: dict[str, Any] = {}
+    return _with_defs({"anyOf": _call_options(functions, parallel=True, defs=defs)}, defs)
+
+
+def _call_options(functions: list[dict[str, Any]], *, parallel: bool,
+                  defs: dict[str, Any]) -> list[dict[str, Any]]:
+    options = [call_schema(f, defs) for f in functions]
+    if parallel:
+        options.append(_calls_schema(functions, parallel=True, defs=defs))
+    return options
+
+
 def auto_schema(functions: list[dict[str, Any]], *, parallel: bool,
                 content_schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Calls or a text answer `{"content": ...}`: a string, or a JSON value following
     content_schema (a response_format: the server returns its JSON text as the content)."""
     defs: dict[str, Any] = {}
-    options = [call_schema(f, defs) for f in functions]
-    if parallel:
-        options.append(_calls_schema(functions, parallel=True, defs=defs))
+    options = _call_options(functions, parallel=parallel, defs=defs)
     content = CONTENT_SCHEMA
     if content_schema is not None:
         if _has_ref(content_schema):

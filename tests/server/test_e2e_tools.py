@@ -111,6 +111,17 @@ def test_tool_calls_cut_by_max_tokens_are_never_internal_text(client, max_tokens
         assert choice.message.tool_calls
 
 
+def test_required_with_parallel_calls_may_stop_after_one_call(client):
+    """SGLang's tool-call runner: "What is 3 + 5?" with tool_choice required and no max_tokens.
+    Forced into an array, the model repeated its call until the context was full."""
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is 3 + 5?"}],
+        tools=[TOOLS[1]], tool_choice="required", temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and r.usage.completion_tokens < 100, r.usage
+    check_calls(choice.message.tool_calls)
+
+
 def test_chat_template_kwargs_reach_the_template(client):
     base = ask(client, "Hi", max_tokens=1).usage.prompt_tokens
     off = ask(client, "Hi", max_tokens=1,

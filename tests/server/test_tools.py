@@ -65,13 +65,15 @@ def test_named_schema_is_one_call_of_that_tool():
         jsonschema.validate({"name": "add", "parameters": {"a": 1}}, schema)
 
 
-def test_required_parallel_is_a_non_empty_array_of_any_tool():
+def test_required_parallel_is_one_call_or_a_non_empty_array_of_any_tool():
     plan = plan_tools(TOOLS, "required", True)
     schema = plan.constraint["json_schema"]
     jsonschema.validate([{"name": "add", "parameters": {"a": 1, "b": 2}},
                          {"name": "get_weather", "parameters": {"city": "Oslo"}}], schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate([], schema)
+    jsonschema.validate({"name": "add", "parameters": {"a": 1, "b": 2}}, schema)
+    for bad in ([], {"content": "no call"}, {"name": "add", "parameters": {"a": "x", "b": 2}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
     single = plan_tools(TOOLS, "required", False).constraint["json_schema"]
     jsonschema.validate({"name": "get_weather", "parameters": {"city": "Oslo"}}, single)
 
