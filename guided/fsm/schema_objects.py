@@ -241,17 +241,14 @@ def split_dependencies(node: dict, pointer: str) -> dict:
         rest_needs = {t: d for t, d in needs.items() if t in pending[1:]}
         rest_schemas = {t: s for t, s in schemas.items() if t in pending[1:]}
         out = _dependency_branches(node, trigger, needs.get(trigger, []), schemas.get(trigger),
-                                   rest_needs, rest_schemas, pointer)
+                                   rest_needs, rest_schemas)
     else:
         out = node
     return {"allOf": [out, *merged]} if merged else out
 
 
 def _dependency_branches(node: dict, trigger: str, needs: list, schema, rest_needs: dict,
-                         rest_schemas: dict, pointer: str) -> dict:
-    if _is_open(node) and trigger not in node.get("properties", {}):
-        raise refuse("dependentRequired", pointer, f"the optional property {trigger!r} with "
-                     f"dependencies may also come as an undeclared key")
+                         rest_schemas: dict) -> dict:
     defs = {k: node.pop(k) for k in ("$defs", "definitions") if k in node}
     rest = {}
     if rest_needs:
@@ -260,7 +257,8 @@ def _dependency_branches(node: dict, trigger: str, needs: list, schema, rest_nee
         rest["dependentSchemas"] = rest_schemas
     without = {**copy.deepcopy(node), **copy.deepcopy(rest)}
     # the trigger's `false` survives schemas merged into the branch later (a dependentSchemas
-    # declaring it again); the object is closed already (see the refusal above)
+    # declaring it again); the branch is closed, so that the trigger cannot come as an
+    # undeclared key either (stricter where the object was open)
     without["properties"] = {**node.get("properties", {}), trigger: False}
     without["additionalProperties"] = False
     branches = [without]

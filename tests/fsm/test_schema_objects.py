@@ -95,3 +95,11 @@ def test_unevaluated_keywords_beside_no_applicator_close_the_node():
     with pytest.raises(ConstraintError, match="unevaluatedProperties"):
         check_schema({"allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}],
                       "properties": {"b": {}}})
+
+
+def test_dependencies_of_an_undeclared_trigger_on_an_open_object():
+    """Without the trigger the object is closed (it cannot come as an undeclared key)."""
+    oracle = Oracle({"type": "object", "additionalProperties": {"type": "string"},
+                     "dependentRequired": {"a": ["b"]}})
+    oracle.assert_judges(valid=[{}, {"a": "x", "b": "y"}], invalid=[{"a": "x"}, {"a": 1, "b": "y"}])
+    assert oracle.assert_sound() >= 20
