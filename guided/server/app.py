@@ -17,6 +17,7 @@ from guided.errors import (
     InvalidRequestError,
     OverloadedError,
 )
+from guided.fsm.compiler import quick_problem
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
@@ -130,6 +131,7 @@ class Server:
         job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
                   reasoning=self.reasoning and thinks(req))
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
+        self._quick_check(job)
         return job
 
     def completion_job(self, req: P.CompletionRequest) -> Job:
@@ -152,7 +154,17 @@ class Server:
                 job.echo.append(self._decode(ids) if req.echo else "")
             job.prompts.append(ids)
             self._add_choices(job, req, k, req.logprobs, {}, "prompt")
+        self._quick_check(job)
         return job
+
+    @staticmethod
+    def _quick_check(job: Job) -> None:
+        """A short regex or grammar that can never end (or matches nothing) is a 400 here, on
+        the prompt thread, before the request queues for admission and the engine."""
+        spec = job.params[0].constraint if job.params else None
+        problem = spec and quick_problem(spec)
+        if problem:
+            raise ConstraintError(problem, param=job.constraint_param)
 
     def _decode(self, ids: list[int]) -> str:
         try:

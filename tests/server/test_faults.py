@@ -266,6 +266,31 @@ def test_the_openai_client_retries_a_429_after_its_retry_after(url):
     wait_for(url, idle)
 
 
+def test_a_grammar_that_never_ends_is_a_400_at_the_door_of_a_full_server(url):
+    """Refused structurally before the admission queue (which, full, would answer a 429), and
+    the streams running meanwhile go on."""
+    blockers = [Streamer(url, long_chat()) for _ in range(MAX_NUM_SEQS)]
+    for b in blockers:
+        b.start()
+    for b in blockers:
+        b.wait_events(2)
+    queued = [open_request(url, CHAT, long_chat(max_tokens=5)) for _ in range(MAX_WAITING)]
+    try:
+        wait_for(url, lambda m: m["guided_requests_queued"] == MAX_WAITING)
+        for field, value in (("grammar", 'root ::= "a" root'), ("regex", "[^\\s\\S]")):
+            r = httpx.post(url + CHAT, json=long_chat(**{field: value}), timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        seen = [len(b.events) for b in blockers]
+        for b, n in zip(blockers, seen):
+            b.wait_events(n + 2)  # still streaming
+    finally:
+        for sock in queued:
+            sock.close()
+        for b in blockers:
+            b.stop()
+    wait_for(url, idle)
+
+
 def test_n_beyond_the_queue_is_a_400(url):
     response = httpx.post(url + CHAT, json={
         "model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,

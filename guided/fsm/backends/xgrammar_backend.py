@@ -111,6 +111,21 @@ def _detail(error: Exception) -> str:
     return detail
 
 
+def bounds_problem(recipe: Recipe) -> str | None:
+    """Why the recipe's grammar can never end or forces unbounded text
+    (fsm/grammar_bounds.py), without compiling it; None if it passes or does not parse
+    (the compile then says why)."""
+    try:
+        grammar = grammar_of(recipe)
+    except Exception:  # noqa: BLE001 - a syntax error: compile_recipe reports it
+        return None
+    try:
+        check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
+    except ConstraintError as e:
+        return str(e)
+    return None
+
+
 class XGrammarBackend:
     """Compiles specs with one xgrammar GrammarCompiler. Thread-safe: compiles run in parallel
     threads and release the GIL. xgrammar's own cache is off: GrammarCompiler keeps an LRU."""
@@ -161,20 +176,6 @@ class XGrammarBackend:
 
     def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
         return compile_recipe(self.compiler, recipe)
-
-    def bounds_problem(self, recipe: Recipe) -> str | None:
-        """Why the recipe's grammar can never end or forces unbounded text
-        (fsm/grammar_bounds.py), without compiling it; None if it passes or does not parse
-        (the compile then says why)."""
-        try:
-            grammar = grammar_of(recipe)
-        except Exception:  # noqa: BLE001 - a syntax error: compile_recipe reports it
-            return None
-        try:
-            check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
-        except ConstraintError as e:
-            return str(e)
-        return None
 
 
 class XGrammarMatcher(Matcher):
