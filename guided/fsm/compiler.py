@@ -13,9 +13,12 @@ Every submit() gets a future of its own (a ticket) on the spec's one compile:
 - a compile past compile_timeout_s fails its tickets with CompileTimeoutError (a 503 to retry,
   never cached as the schema's failure); it goes on in the background and fills the cache, and
   meanwhile the same spec is answered with CompileTimeoutError at once;
-- a new spec past MAX_QUEUED_COMPILES queued is refused at once with CompileTimeoutError: a
-  storm of new schemas degrades to 503s, never to a queue that outlives it (its callers'
-  deadlines drop what they gave up on, and a small new schema compiles at once after it).
+- a server's new spec whose compile would not even start within compile_timeout_s (the pool's
+  room, from how long compiles take), or past MAX_QUEUED_COMPILES queued, is refused at once
+  with CompileTimeoutError, and its queued ones that can no longer start in time are shed the
+  same way: a storm of new schemas degrades to quick 503s, never to a queue that outlives it (a
+  small new schema compiles at once after it). An offline batch's compiles (the engine's own
+  submits, bounded=False) are neither refused nor shed: they wait however long it takes.
 Abandoned compiles are bounded by the pool (watchdog_pool.MAX_THREADS_PER_WORKER).
 """
 from __future__ import annotations
@@ -94,7 +97,7 @@ class GrammarCompiler:
         idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
-                                  idle=idle)
+                                  idle=idle, max_wait_s=config.compile_timeout_s)
         self._schema_workers = None
         if config.schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
@@ -105,8 +108,9 @@ class GrammarCompiler:
     def submit(self, spec: ConstraintSpec, *, bounded: bool = True) -> Future:
         """A future of the caller's own for spec's CompiledGrammar (a ConstraintError for a
         bad spec, CompileTimeoutError to retry); cancel it when no longer waiting. bounded:
-        refused at once past MAX_QUEUED_COMPILES queued (a server's new schemas); an offline
-        batch's requests (the engine's own submits) queue however many there are."""
+        refused at once where it would not start in time or past MAX_QUEUED_COMPILES queued,
+        and shed while queued (a server's new schemas); an offline batch's requests (the
+        engine's own submits) queue however many there are, however long."""
         ticket: Future = Future()
         with self._lock:
             entry = self._cache.get(spec)
@@ -122,7 +126,7 @@ class GrammarCompiler:
                 entry = self._cache[spec] = _Compile(Future())
                 while len(self._cache) > self.config.grammar_cache_size:
                     self._cache.popitem(last=False)  # a pending compile goes on for its tickets
-                self._start(spec, entry)
+                self._start(spec, entry, sheddable=bounded)
             if not entry.outcome.done():
                 if entry.overdue:
                     ticket.set_exception(CompileTimeoutError(
@@ -139,16 +143,19 @@ class GrammarCompiler:
         if self._pool.num_queued >= MAX_QUEUED_COMPILES:
             return (f"{MAX_QUEUED_COMPILES} constraints are waiting to compile; "
                     "retry this one later")
+        if self._pool.room() <= 0:
+            return ("the grammar compiler is busy: this constraint would not start compiling "
+                    f"within compile_timeout_s={self.config.compile_timeout_s:g} s; retry later")
         return None
 
-    def _start(self, spec: ConstraintSpec, entry: _Compile) -> None:
+    def _start(self, spec: ConstraintSpec, entry: _Compile, *, sheddable: bool) -> None:
         """(lock held) Queue the compile, or settle it at once where the spec is refused."""
         problem = self._precheck(spec)
         if problem is not None:
             entry.outcome.set_exception(ConstraintError(problem))
             return
         self._pool.submit(entry.outcome, lambda: self._compile_sync(spec), label=spec.kind,
-                          on_overdue=lambda: self._overdue(spec, entry))
+                          on_overdue=lambda: self._overdue(spec, entry), sheddable=sheddable)
 
     def _left(self, spec: ConstraintSpec, entry: _Compile, ticket: Future) -> None:
         """A ticket is settled or cancelled: a compile nobody waits for any more is dropped

@@ -2,17 +2,18 @@
 builds'), and the lowered priority its threads run at. A C++ compile cannot be interrupted, so a
 job past its deadline is abandoned: its owner is told (or its future fails) at once and a fresh
 worker replaces it; so is a job its owner drops while it runs (nobody waits for it any more),
-whose thread then runs at the lowest priority until its compile ends. A queued job waits
-however long it takes: its owner drops it when its caller gives up (the server's compile
-deadline). Refusing jobs by a forecast of their wait, from how long compiles had taken, refused
-95 of 128 schemas an offline batch submitted at once on a busy 2-core host, all of which the
-pool compiles in time without it."""
+whose thread then runs at the lowest priority until its compile ends. With max_wait_s, queued
+jobs that would not start within it are cancelled (shed) rather than left to time out, except
+those submitted not sheddable (an offline batch's: its caller waits however long it takes; a
+forecast shed 95 of 128 schemas such a batch submitted at once on a busy 2-core host)."""
 from __future__ import annotations
 
 import heapq
 import itertools
 import logging
+import math
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 # threads (live and abandoned) per worker: a storm of compiles past their deadline leaves
 # 3 x num_workers abandoned at nice 19 before new specs would wait for one of them to end
 MAX_THREADS_PER_WORKER = 4
+# the typical duration's memory: each finished job moves it this far towards its duration
+_DURATION_WEIGHT = 0.2
+# with max_wait_s: how often the watchdog looks at a queue for jobs that can no longer start in
+# time (a storm's refusals come this soon once its running compiles show they are slow)
+_SHED_EVERY_S = 0.2
 
 
 def lower_thread_priority(nice: int, idle: bool = False) -> None:
@@ -55,20 +61,25 @@ class WatchdogPool:
     """
 
     def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
-                 idle: bool = False, name: str = "grammar-compile"):
+                 idle: bool = False, name: str = "grammar-compile",
+                 max_wait_s: float | None = None):
         self.num_workers = max(1, num_workers)
         self.name = name  # its threads' (the server's stats log names the busiest)
         self.timeout_s = timeout_s
+        self.max_wait_s = max_wait_s  # None: queued jobs wait however long it takes
         self.nice = nice
         self.idle = idle  # SCHED_IDLE (lower_thread_priority)
         self._cond = threading.Condition()
-        # queued: (future, fn, label, on_overdue)
-        self._jobs: list[tuple[Future, Callable[[], Any], str, Callable[[], None] | None]] = []
+        # queued: (future, fn, label, on_overdue, sheddable)
+        self._jobs: list[tuple[Future, Callable[[], Any], str, Callable[[], None] | None,
+                               bool]] = []
         self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
         # worker id -> its current job: (future, label, job id, on_overdue, start time)
         self._running: dict[int, tuple[Future, str, int, Callable[[], None] | None, float]] = {}
         self._tids: dict[int, int] = {}  # worker id -> its thread's native id (renice)
         self._abandoned: set[int] = set()
+        # how long a job holds a worker (at most timeout_s: then it is abandoned), moving average
+        self._mean_s: float | None = None
         self._live = 0
         self._ids = itertools.count()
         self._closed = False
@@ -93,15 +104,37 @@ class WatchdogPool:
         with self._cond:
             return self._live + len(self._abandoned)
 
+    def room(self) -> float:
+        """How many more jobs could queue now and still start within max_wait_s (unbounded
+        without it); 0 where no live worker is left (abandoned threads at their bound)."""
+        with self._cond:
+            return self._start_limit(time.monotonic()) - len(self._jobs)
+
+    def _start_limit(self, now: float) -> float:  # caller holds the lock
+        """How many queued jobs can start within max_wait_s: one per idle live worker now, then
+        one per live worker each typical job duration (the recent mean, or what the running
+        jobs have taken so far where that is longer: a storm's first compiles show it before
+        any ends), a worker being freed within timeout_s at the latest."""
+        if self.max_wait_s is None:
+            return math.inf
+        elapsed = [now - job[4] for w, job in self._running.items() if w not in self._abandoned]
+        typical = min(self.timeout_s, max(self._mean_s or 0.0,
+                                          statistics.median(elapsed) if elapsed else 0.0))
+        if typical <= 0:  # nothing measured yet
+            return math.inf if self._live else 0
+        rounds = math.ceil(self.max_wait_s / typical) - 1  # starts at k x typical < max_wait_s
+        return max(0, self._live - len(elapsed)) + self._live * rounds
+
     def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job",
-               on_overdue: Callable[[], None] | None = None) -> None:
+               on_overdue: Callable[[], None] | None = None, sheddable: bool = True) -> None:
         """Run fn() for future. Past timeout_s of running: on_overdue() if given (the future is
-        left to the job, which may still finish it), else the future fails."""
+        left to the job, which may still finish it), else the future fails. sheddable: it may
+        be cancelled while queued, where it would not start within max_wait_s."""
         with self._cond:
             if self._closed:
                 future.set_exception(ConstraintError("the grammar compiler is shut down"))
                 return
-            self._jobs.append((future, fn, label, on_overdue))
+            self._jobs.append((future, fn, label, on_overdue, sheddable))
             self._cond.notify_all()
 
     def drop(self, future: Future) -> None:
@@ -145,7 +178,7 @@ class WatchdogPool:
                     self._live -= 1
                     self._tids.pop(worker_id, None)
                     return
-                future, fn, label, on_overdue = self._jobs.pop(0)
+                future, fn, label, on_overdue, _ = self._jobs.pop(0)
                 if not future.set_running_or_notify_cancel():
                     continue
                 job_id = next(self._ids)
@@ -164,7 +197,9 @@ class WatchdogPool:
             _settle(future, result, error)
             with self._cond:
                 self._running.pop(worker_id, None)
-                if worker_id in self._abandoned:
+                if worker_id not in self._abandoned:  # (an abandoned one counted timeout_s)
+                    self._observe(time.monotonic() - started)
+                else:
                     # it may run at the lowest priority (dropped), which it cannot undo: a fresh
                     # worker takes its place where the thread bound kept the pool short
                     self._abandoned.discard(worker_id)
@@ -173,9 +208,13 @@ class WatchdogPool:
                         self._spawn()
                     return
 
+    def _observe(self, duration: float) -> None:  # caller holds the lock
+        self._mean_s = duration if self._mean_s is None else (
+            self._mean_s + _DURATION_WEIGHT * (duration - self._mean_s))
+
     def _watch(self) -> None:
         while True:
-            overdue = []
+            overdue, shed = [], []
             with self._cond:
                 if self._closed:
                     return
@@ -185,9 +224,21 @@ class WatchdogPool:
                     overdue.extend(self._expire(worker_id, job_id))
                 while self._deadlines and not self._is_running(*self._deadlines[0][1:]):
                     heapq.heappop(self._deadlines)  # finished in time
+                limit = self._start_limit(now)
+                excess = len(self._jobs) - limit
+                for i in range(len(self._jobs) - 1, -1, -1):  # the newest go: the first come
+                    if excess <= 0:  # keep their turn
+                        break
+                    if self._jobs[i][4]:
+                        shed.append(self._jobs.pop(i)[0])
+                        excess -= 1
                 if not overdue:
                     wait = self._deadlines[0][0] - now if self._deadlines else None
+                    if self._jobs and self.max_wait_s is not None:
+                        wait = min(wait or _SHED_EVERY_S, _SHED_EVERY_S)
                     self._cond.wait(timeout=wait)
+            for future in shed:  # outside the lock: its callbacks may take their owner's lock
+                future.cancel()
             for on_overdue in overdue:  # outside the lock: it may drop jobs
                 try:
                     on_overdue()
@@ -204,6 +255,7 @@ class WatchdogPool:
         if not self._is_running(job_id, worker_id) or worker_id in self._abandoned:
             return []
         future, label, _, on_overdue, _ = self._running[worker_id]
+        self._observe(self.timeout_s)  # it held its worker that long
         self._abandon(worker_id)
         if on_overdue is not None:
             return [on_overdue]

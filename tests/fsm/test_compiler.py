@@ -165,6 +165,12 @@ def test_a_compile_queue_too_deep_refuses_new_specs_at_once(gated, monkeypatch):
     first = c.submit(ConstraintSpec("regex", "slow4"))  # runs
     while not gate.started:
         time.sleep(0.01)
+    # as if compiles held their worker 0.3 s (compile_timeout_s): none queued would start in time
+    c._pool._mean_s = 0.3
+    with pytest.raises(CompileTimeoutError, match="busy"):
+        c.submit(ConstraintSpec("regex", "slow5")).result(timeout=0.1)
+    assert c._pool.num_queued == 0
+    c._pool._mean_s = 0.0
     monkeypatch.setattr("guided.fsm.compiler.MAX_QUEUED_COMPILES", 0)
     with pytest.raises(CompileTimeoutError, match="waiting to compile"):
         c.submit(ConstraintSpec("regex", "slow6")).result(timeout=0.1)

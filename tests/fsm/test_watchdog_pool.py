@@ -18,19 +18,26 @@ def wait_until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_batch_queued_at_once_is_run_whole():
-    """The offline case: many specs at once all compile, however long the queue (refusals by a
-    forecast of their wait once shed most of such a batch)."""
-    pool = WatchdogPool(num_workers=2, timeout_s=30)
-    futures = [Future() for _ in range(40)]
-    for k, future in enumerate(futures):
-        pool.submit(future, lambda k=k: time.sleep(0.05) or k)
-    assert [f.result(timeout=20) for f in futures] == list(range(40))
+def test_queued_jobs_that_cannot_start_in_time_are_shed_newest_first():
+    pool = WatchdogPool(num_workers=1, timeout_s=30, max_wait_s=3.0)
+    release = threading.Event()
+    running, first, second, third = (Future() for _ in range(4))
+    pool.submit(running, lambda: release.wait(30))
+    wait_until(running.running)
+    for future in (first, second, third):
+        pool.submit(future, lambda: "done")
+    # nothing has shown how long a job takes yet: all may queue
+    assert pool.num_queued == 3 and pool.room() > 0
+    # the running job has taken 1.5 s: one more round of 1.5 s fits in 3 s, for one job
+    wait_until(lambda: second.cancelled() and third.cancelled())
+    assert not first.done() and pool.room() == 0
+    release.set()
+    assert first.result(timeout=10) == "done"  # the first come kept its turn
     pool.shutdown()
 
 
 def test_after_a_storm_of_overdue_jobs_a_new_job_starts_at_once():
-    pool = WatchdogPool(num_workers=2, timeout_s=0.2)
+    pool = WatchdogPool(num_workers=2, timeout_s=0.2, max_wait_s=0.2)
     release = threading.Event()
     stuck = [Future() for _ in range(2)]
     for future in stuck:
@@ -40,7 +47,7 @@ def test_after_a_storm_of_overdue_jobs_a_new_job_starts_at_once():
             future.result(timeout=10)
     # each held its worker the whole timeout, and fresh workers replaced them: a new job may
     # take an idle one, never a queue behind the abandoned
-    wait_until(lambda: pool.num_threads == 4)  # 2 fresh workers beside the 2 abandoned
+    wait_until(lambda: pool.room() == 2)
     quick = Future()
     start = time.monotonic()
     pool.submit(quick, lambda: "quick")
@@ -101,4 +108,23 @@ def test_watchdog_bounds_abandoned_threads():
         futures[0].result(timeout=10)
     for f in futures[1:]:
         f.exception(timeout=10)  # each one finishes: timed out, or ran once workers were free
+    pool.shutdown()
+
+
+def test_jobs_submitted_not_sheddable_wait_however_long():
+    """An offline batch's compiles: queued behind a slow job past any forecast, never shed."""
+    pool = WatchdogPool(num_workers=1, timeout_s=30, max_wait_s=1.0)
+    release = threading.Event()
+    running = Future()
+    pool.submit(running, lambda: release.wait(30))
+    wait_until(running.running)
+    kept = [Future() for _ in range(3)]
+    for k, future in enumerate(kept):
+        pool.submit(future, lambda k=k: k, sheddable=False)
+    shed = Future()
+    pool.submit(shed, lambda: "late")
+    wait_until(shed.cancelled)  # the running job outlasts max_wait_s: the sheddable one goes
+    assert pool.num_queued == 3 and not any(f.done() for f in kept)
+    release.set()
+    assert [f.result(timeout=10) for f in kept] == [0, 1, 2]
     pool.shutdown()
