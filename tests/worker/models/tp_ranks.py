@@ -34,6 +34,9 @@ def _rank_main(rank: int, target: Callable[..., Any], world_size: int, port: int
     ctx = init_distributed(rank_device(device_type), timeout_s=TIMEOUT_S / 2)
     try:
         torch.save(target(ctx, *args), Path(out_dir) / f"rank{rank}.pt")
+        # every rank done before any tears its process group down: gloo aborted a rank
+        # ("terminate called without an active exception") whose peer had already left
+        torch.distributed.barrier()
     finally:
         destroy_distributed(ctx)
 
