@@ -5,6 +5,7 @@ while every accepted request completes,
 and SIGTERM drains gracefully (the in-flight stream ends properly, exit status 0)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -235,21 +236,35 @@ def test_flood_gets_429_past_the_queue(url):
     assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
 
 
-def test_the_openai_client_retries_a_429_after_its_retry_after(url):
-    openai = pytest.importorskip("openai")
+@contextlib.contextmanager
+def full_server(url: str):
+    """Every engine slot streaming and the admission queue full (MAX_WAITING held open); the
+    streams (Streamers) while it lasts, all ended and the server idle after."""
     blockers = [Streamer(url, long_chat()) for _ in range(MAX_NUM_SEQS)]
     for b in blockers:
         b.start()
     for b in blockers:
         b.wait_events(2)
     queued = [open_request(url, CHAT, long_chat(max_tokens=5)) for _ in range(MAX_WAITING)]
+    try:
+        wait_for(url, lambda m: m["guided_requests_queued"] == MAX_WAITING)
+        yield blockers
+    finally:
+        for sock in queued:
+            sock.close()
+        for b in blockers:
+            b.stop()
+    wait_for(url, idle)
+
+
+def test_the_openai_client_retries_a_429_after_its_retry_after(url):
+    openai = pytest.importorskip("openai")
     attempts = []  # (time, status, Retry-After) of each attempt the client makes
     http = httpx.Client(event_hooks={"response": [lambda r: attempts.append(
         (time.monotonic(), r.status_code, r.headers.get("retry-after")))]})
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=1,
                            http_client=http, timeout=120)
-    try:
-        wait_for(url, lambda m: m["guided_requests_queued"] == MAX_WAITING)
+    with http, full_server(url):
         with pytest.raises(openai.RateLimitError) as caught:
             client.chat.completions.create(model="default", max_tokens=4,
                                            messages=[{"role": "user", "content": "Hi"}])
@@ -257,38 +272,18 @@ def test_the_openai_client_retries_a_429_after_its_retry_after(url):
         assert [status for _, status, _ in attempts] == [429, 429]
         (first, _, retry_after), (second, _, _) = attempts
         assert second - first >= int(retry_after) - 0.05  # it waited as told
-    finally:
-        for sock in queued:
-            sock.close()
-        for b in blockers:
-            b.stop()
-        http.close()
-    wait_for(url, idle)
 
 
 def test_a_grammar_that_never_ends_is_a_400_at_the_door_of_a_full_server(url):
     """Refused structurally before the admission queue (which, full, would answer a 429), and
     the streams running meanwhile go on."""
-    blockers = [Streamer(url, long_chat()) for _ in range(MAX_NUM_SEQS)]
-    for b in blockers:
-        b.start()
-    for b in blockers:
-        b.wait_events(2)
-    queued = [open_request(url, CHAT, long_chat(max_tokens=5)) for _ in range(MAX_WAITING)]
-    try:
-        wait_for(url, lambda m: m["guided_requests_queued"] == MAX_WAITING)
+    with full_server(url) as blockers:
         for field, value in (("grammar", 'root ::= "a" root'), ("regex", "[^\\s\\S]")):
             r = httpx.post(url + CHAT, json=long_chat(**{field: value}), timeout=60)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         seen = [len(b.events) for b in blockers]
         for b, n in zip(blockers, seen):
             b.wait_events(n + 2)  # still streaming
-    finally:
-        for sock in queued:
-            sock.close()
-        for b in blockers:
-            b.stop()
-    wait_for(url, idle)
 
 
 def test_n_beyond_the_queue_is_a_400(url):
