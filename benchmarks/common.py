@@ -2,6 +2,7 @@
 jsonschema validation and markdown tables. The data is read in place (never copied)."""
 from __future__ import annotations
 
+import gc
 import json
 import random
 import sys
@@ -231,3 +232,29 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 def pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+class GcTimer:
+    """Python's cyclic collections since the last reset: how many, how many of them full
+    (generation 2), and the seconds in them. A collection holds the GIL, so every thread
+    waits it out (a full one walks every live object not frozen: milliseconds, more as
+    compiled grammars pile up)."""
+
+    def __init__(self):
+        self.count, self.full, self.seconds, self._start = 0, 0, 0.0, 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.full += info.get("generation") == 2
+            self.seconds += time.perf_counter() - self._start
+
+    def reset(self) -> None:
+        self.count, self.full, self.seconds = 0, 0, 0.0
+
+    def close(self) -> None:
+        if self._note in gc.callbacks:
+            gc.callbacks.remove(self._note)

@@ -18,12 +18,11 @@ import sys
 import time
 from collections import Counter
 
-from common import add_offline_args
+from common import GcTimer, add_offline_args
 
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine.core import Engine
-from guided.engine.heap import GcTimer
 from guided.worker.step_times import StepTimes
 
 GC = GcTimer()

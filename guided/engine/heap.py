@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-import time
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +46,3 @@ def thaw_heap() -> None:
     """Frozen objects back in the collector's reach (an engine shut down: its cycles, frozen
     with the rest, would otherwise never be freed)."""
     gc.unfreeze()
-
-
-class GcTimer:
-    """Python's cyclic collections since the last reset: how many, how many of them full
-    (generation 2), and the seconds in them. A collection holds the GIL, so every thread
-    waits it out (a full one walks every live object not frozen: milliseconds, more as
-    compiled grammars pile up)."""
-
-    def __init__(self):
-        self.count, self.full, self.seconds, self._start = 0, 0, 0.0, 0.0
-        gc.callbacks.append(self._note)
-
-    def _note(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.count += 1
-            self.full += info.get("generation") == 2
-            self.seconds += time.perf_counter() - self._start
-
-    def reset(self) -> None:
-        self.count, self.full, self.seconds = 0, 0, 0.0
-
-    def close(self) -> None:
-        if self._note in gc.callbacks:
-            gc.callbacks.remove(self._note)

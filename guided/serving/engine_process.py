@@ -122,7 +122,6 @@ class EngineLoop:
                             error_type="internal")
             self._flush()
         finally:
-            self._stats_log.close()
             self._stopped = True
             self._reject_pending()
         shutdown = getattr(self.engine, "shutdown", None)
