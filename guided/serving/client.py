@@ -28,9 +28,8 @@ from guided.params import ConstraintSpec, SamplingParams
 from guided.serving import messages as m
 from guided.serving.engine_process import main
 from guided.serving.messages import EngineInfo
-from guided.serving.output_wire import Received, decode
+from guided.serving.output_wire import Received, decode, final_output
 from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
-from guided.serving.snapshots import final_output
 
 logger = logging.getLogger(__name__)
 

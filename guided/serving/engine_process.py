@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from guided.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from guided.outputs import RequestOutput
 from guided.serving import messages as m
-from guided.serving.output_wire import Sent, encode
-from guided.serving.snapshots import History, final_output, snapshot
+from guided.serving.output_wire import Sent, encode, final_output
 from guided.serving.stats_log import CompileCounts, StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -59,7 +58,6 @@ class EngineLoop:
         self._send = send
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, RequestOutput | None] = {}  # request id -> its last output
-        self._histories: dict[str, History] = {}  # what a request's snapshots share
         self._sent: dict[str, Sent] = {}  # what the server holds of each request
         self._batch: list[m.OutputDelta] = []
         self._stopped = False  # set as the loop stops taking commands
@@ -202,7 +200,6 @@ class EngineLoop:
         except Exception:
             logger.exception("engine.abort_request(%r) failed", request_id)
         self._post(final_output(request_id, self._live.pop(request_id), "abort"))
-        self._histories.pop(request_id, None)
         logger.debug("aborted request %s", request_id)
 
     def _abort_all(self, reason: str, *, error: str | None = None,
@@ -214,7 +211,6 @@ class EngineLoop:
                 logger.exception("engine.abort_request(%r) failed", request_id)
             self._post(final_output(request_id, last, reason, error, error_type))
         self._live.clear()
-        self._histories.clear()
 
     def _step(self) -> None:
         try:
@@ -238,13 +234,8 @@ class EngineLoop:
         request_id = out.request_id
         if request_id not in self._live:
             return  # aborted meanwhile
-        history = self._histories.get(request_id)
-        if history is None:
-            history = self._histories[request_id] = History()
-        out = snapshot(out, history)  # the engine goes on changing its lists
         if out.finished:
             del self._live[request_id]
-            del self._histories[request_id]
         else:
             self._live[request_id] = out
         self._post(out)

@@ -2,7 +2,7 @@
 
 On the scripted fake engine (tests/fake_engine.py): cumulative streams, many requests, errors
 before any output, overload, aborts, a failing step, a dead engine, the finished hook,
-snapshots, one hand-off a step, a drained shutdown. On the real engine (default model, CPU):
+outputs the engine cannot change afterwards, one hand-off a step, a drained shutdown. On the real engine (default model, CPU):
 constrained generation whose outputs validate, errors that come back as the same exceptions,
 aborts, stats, and an engine process that dies or hangs under its requests (they end with an
 error, nothing hangs, it is replaced)."""
@@ -189,7 +189,7 @@ def test_shutdown_drains_then_refuses():
     assert not engine.is_running and engine.restarts == 0
 
 
-def test_outputs_are_snapshots_that_the_engine_cannot_change(fake):
+def test_outputs_keep_what_they_had_while_the_engine_goes_on(fake):
     # the fake hands out its live token list; every output must keep the length it had
     outs = asyncio.run(collect(fake, "snap", "ECHO:abcdefghij", max_tokens=100))
     lens = [len(o.token_ids) for o in outs]

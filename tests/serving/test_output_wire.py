@@ -7,12 +7,10 @@ import pickle
 
 from guided.outputs import RequestMetrics, RequestOutput
 from guided.serving.output_wire import Sent, decode, encode
-from guided.serving.snapshots import History, snapshot
 
 
 def _steps():
-    """A request's cumulative outputs as the engine thread hands them out (snapshots)."""
-    history = History()
+    """A request's cumulative outputs as the engine hands them out (copies of its lists)."""
     tokens, logprobs = [], []
     states = [([1, 2], "ab", False), ([1, 2, 3, 4], "abcd", False),
               ([1, 2, 9], "abX", False),  # jump-forward retokenized the tail: a new list
@@ -23,9 +21,9 @@ def _steps():
             logprobs.extend(float(i) for i in ids[len(logprobs):])
         else:
             tokens, logprobs = list(ids), [float(i) for i in ids]
-        out = RequestOutput("r", [7, 8], tokens, text, finished, "stop" if finished else None,
-                            logprobs=logprobs, metrics=RequestMetrics(forward_passes=len(ids)))
-        yield snapshot(out, history)
+        yield RequestOutput("r", [7, 8], list(tokens), text, finished,
+                            "stop" if finished else None, logprobs=list(logprobs),
+                            metrics=RequestMetrics(forward_passes=len(ids)))
 
 
 def test_deltas_rebuild_every_output_and_leave_earlier_ones_alone():
@@ -61,10 +59,3 @@ def test_a_final_copied_from_the_last_output_is_sent_whole():
     final = RequestOutput("r", [7, 8], list(steps[1].token_ids), steps[1].text, True, "abort")
     got, _ = decode(encode(final, sent), received)
     assert got.token_ids == [1, 2, 3, 4] and got.finish_reason == "abort" and got.finished
-
-
-def test_an_unread_snapshot_keeps_its_tokens_when_the_tail_is_retokenized():
-    steps = list(_steps())  # none read until the last was made
-    assert [out.token_ids for out in steps] == [
-        [1, 2], [1, 2, 3, 4], [1, 2, 9], [1, 2, 9, 5, 6], [1, 2, 9, 5, 6, 7]]
-
