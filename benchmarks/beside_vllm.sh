@@ -17,7 +17,7 @@ export NCCL_NVLS_ENABLE=0 SHAPE=${SHAPE:-llama-3-8b} TP=${TP:-1} CONC=${CONC:-64
 # run.sh finds its folder through $0: source it in a shell whose $0 is run.sh
 exec bash -c '
 source .dev/g/run.sh   # with no phases: its functions and settings only
-LENGTHS=$OUT/lengths-guided-$SHAPE.json
+LENGTHS=/tmp/lengths-guided-$SHAPE.json  # outlives a call: guided and vLLM may run in two
 passes() {  # engine port [extra args]: JSON cold then warm at each concurrency, then free
   local e=$1 p=$2; shift 2
   local record=(--lengths-in "$LENGTHS")
@@ -60,5 +60,6 @@ vllm_run() {
 [ -f "$MD/tokenizer.json" ] || PYTHONPATH=$SRC:$GSITE python3 -c "from guided.worker.loader import resolve_model_dir; resolve_model_dir(\"default\")"
 for e in $ENGINES; do say "== $e $SHAPE tp$TP at $CONC"; ${e}_run; done
 stop_server
+cp "$LENGTHS" "$OUT/" 2>/dev/null
 say "finished"
 ' .dev/g/run.sh

@@ -8,6 +8,8 @@
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
 #
+# PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
+# machine of several GPUs: same host, same moment); otherwise one after the other.
 # Prints one table row per tree and pass; rows go to $OUT/tree_vs_tree.jsonl too.
 set -uo pipefail
 OLD=${OLD:-.dev/g/old}
@@ -35,8 +37,20 @@ offline() {  # tree label concurrency
     --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err" | tee -a "$OUT/tree_vs_tree.log"
 }
 
+both() {  # function [args after the tree and label]
+  local fn=$1; shift
+  if [ -n "${PAIR_GPUS:-}" ]; then
+    read -r gold gnew <<< "$PAIR_GPUS"
+    CUDA_VISIBLE_DEVICES=$gold $fn "$OLD" old "$@" &
+    CUDA_VISIBLE_DEVICES=$gnew $fn "$NEW" new "$@" &
+    wait
+  else
+    $fn "$OLD" old "$@"; $fn "$NEW" new "$@"
+  fi
+}
+
 case ${1:-serve} in
-  serve) serve "$OLD" old; serve "$NEW" new ;;
-  offline) offline "$OLD" old "${2:-64}"; offline "$NEW" new "${2:-64}" ;;
+  serve) both serve ;;
+  offline) both offline "${2:-64}" ;;
   *) echo "usage: $0 serve | offline CONCURRENCY" >&2; exit 2 ;;
 esac
