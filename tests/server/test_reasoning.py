@@ -90,12 +90,30 @@ def test_e2e_reasoning(reasoning_client, stream):
 
 
 @pytest.mark.slow
-def test_e2e_enable_thinking_false_constrains_from_the_start(reasoning_client):
-    choice = reasoning_client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "Give a point as JSON."}],
-        temperature=0, max_tokens=40, extra_body={"chat_template_kwargs": {
-            "enable_thinking": False}}, response_format={"type": "json_schema", "json_schema": {
-                "name": "point", "schema": POINT}}).choices[0]
-    assert choice.finish_reason == "stop"
-    assert getattr(choice.message, "reasoning_content", None) is None
-    jsonschema.validate(json.loads(choice.message.content), POINT)
+@pytest.mark.parametrize("stream", [False, True])
+def test_e2e_enable_thinking_false_constrains_from_the_start(reasoning_client, stream):
+    """chat_template_kwargs enable_thinking false on a reasoning server: no think section is
+    forced, the answer follows the schema from its first token, and nothing comes back as
+    reasoning (vLLM's function-calling test sends it to Qwen3 with a reasoning parser)."""
+    kw = {"model": "default", "messages": [{"role": "user", "content": "Give a point as JSON."}],
+          "temperature": 0, "max_tokens": 40,
+          "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
+          "response_format": {"type": "json_schema", "json_schema": {
+              "name": "point", "schema": POINT}}}
+    if stream:
+        content, finish, thought = "", None, []
+        for chunk in reasoning_client.chat.completions.create(stream=True, **kw):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                thought += [getattr(delta, "reasoning_content", None),
+                            getattr(delta, "reasoning", None)]
+                content += delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+    else:
+        choice = reasoning_client.chat.completions.create(**kw).choices[0]
+        message, finish, content = choice.message, choice.finish_reason, choice.message.content
+        thought = [getattr(message, "reasoning_content", None),
+                   getattr(message, "reasoning", None)]
+    assert finish == "stop"
+    assert not any(thought), thought
+    jsonschema.validate(json.loads(content), POINT)
