@@ -1,25 +1,17 @@
-"""Asynchronous grammar compilation: an LRU of compiles in front of a watchdog thread pool
-(fsm/watchdog_pool.py).
+"""Asynchronous grammar compilation: an LRU of compiles in front of a watchdog thread pool.
 
-Compiles run in threads because xgrammar releases the GIL while compiling (measured: a 100 ms
-compile leaves the caller's thread running) and because a compiled xgrammar grammar cannot
-cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s;
-mask shards compile their own copy, from the same recipe).
+Threads, not processes: xgrammar releases the GIL while compiling, and a compiled grammar cannot
+cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s).
 
 Every submit() gets a future of its own (a ticket) on the spec's one compile:
-- a compile nobody waits for any more (every ticket cancelled: clients that left or gave up)
-  is dropped: out of the queue if it has not started, else its thread is abandoned to finish
-  at the lowest priority (a C++ compile cannot be interrupted) and its result still cached;
-- a compile past compile_timeout_s fails its tickets with CompileTimeoutError (a 503 to retry,
-  never cached as the schema's failure); it goes on in the background and fills the cache, and
-  meanwhile the same spec is answered with CompileTimeoutError at once;
-- a server's new spec whose compile would not even start within compile_timeout_s (the pool's
-  room, from how long compiles take), or past MAX_QUEUED_COMPILES queued, is refused at once
-  with CompileTimeoutError, and its queued ones that can no longer start in time are shed the
-  same way: a storm of new schemas degrades to quick 503s, never to a queue that outlives it (a
-  small new schema compiles at once after it). An offline batch's compiles (the engine's own
-  submits, bounded=False) are neither refused nor shed: they wait however long it takes.
-Abandoned compiles are bounded by the pool (watchdog_pool.MAX_THREADS_PER_WORKER).
+- a compile nobody waits for any more is dropped: out of the queue if it has not started, else
+  abandoned to finish at the lowest priority (C++ cannot be interrupted), its result cached;
+- past compile_timeout_s its tickets fail with CompileTimeoutError (a 503, never cached as the
+  schema's failure); it goes on and fills the cache, the same spec meanwhile refused at once;
+- a server's new spec that would not start within compile_timeout_s, or past
+  MAX_QUEUED_COMPILES queued, is refused at once (and queued ones that can no longer start in
+  time are shed): a storm of new schemas degrades to quick 503s, never to a queue that outlives
+  it. An offline batch's compiles (bounded=False) are never refused nor shed.
 """
 from __future__ import annotations
 
@@ -44,7 +36,6 @@ from guided.fsm.vocab import TokenVocab
 from guided.fsm.watchdog_pool import WatchdogPool
 from guided.params import ConstraintSpec
 
-REGEX_BACKENDS = ("xgrammar", "outlines")
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
 MAX_QUEUED_COMPILES = 256
 # regexes and grammars up to this long have their bounds checked at submit (milliseconds)
@@ -76,15 +67,12 @@ class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
 
     def __init__(self, tokenizer, *, vocab_size: int, config: CompileSettings | None = None,
-                 regex_backend: str = "xgrammar", vocab: TokenVocab | None = None):
+                 vocab: TokenVocab | None = None):
         """config: CompileSettings.for_host in the engine; a CPU host's defaults otherwise."""
-        if regex_backend not in REGEX_BACKENDS:
-            raise ValueError(f"regex_backend must be one of {REGEX_BACKENDS}")
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
         config = config or CompileSettings()
         self.config = config
-        self.regex_backend = regex_backend
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
         self._tokenizer = tokenizer  # llguidance builds its own from it (on first use)
         self._llguidance = None
@@ -214,16 +202,13 @@ class GrammarCompiler:
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
-        if spec.kind == "choice" or spec.kind == "regex" and self.regex_backend == "outlines":
+        if spec.kind == "choice":
             backend = self._outlines_backend()
-            if spec.kind == "choice":
-                options = json.loads(spec.value)
-                if not isinstance(options, list) or not options or not all(
-                        isinstance(o, str) and o for o in options):
-                    raise ConstraintError("choice must be a non-empty list of non-empty strings")
-                index = backend.compile_choice(spec.value)
-            else:
-                index = backend.compile_regex(spec.value)
+            options = json.loads(spec.value)
+            if not isinstance(options, list) or not options or not all(
+                    isinstance(o, str) and o for o in options):
+                raise ConstraintError("choice must be a non-empty list of non-empty strings")
+            index = backend.compile_choice(spec.value)
             seconds = time.perf_counter() - start
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))

@@ -1,20 +1,13 @@
 """Jump-forward: the grammar's forced continuation as canonical tokens, proposed as drafts.
 
-The engine feeds the drafts in one forward pass after the last sampled token and keeps each
-one only if the model, under the same mask and seed, samples it there (speculative
-verification). So outputs equal those without jump-forward; what is saved is one forward pass
-per accepted draft. Proposals therefore aim to be the tokens the model itself would pick:
-
-- canonical: the forced text is tokenized together with the boundary (the last few generated
-  tokens), so a forced string that merges with the previous token yields the merged tokens
-  the tokenizer (and hence the model) prefers; a merge that would rewrite an already generated
-  token cannot be drafted (those tokens are committed), and the forced text is then tokenized
-  on its own after the boundary;
-- never across the prompt boundary: only generated tokens are context;
-- whole characters only: a forced string is cut at the last complete UTF-8 character, and a
-  boundary that ends inside a character is skipped;
-- grammatical: each draft is checked against the matcher (and the matcher walked back), so a
-  draft can never be rejected by the grammar during verification.
+The engine verifies drafts like speculative tokens (kept only where the model samples them under
+the same mask and seed), so outputs equal those without jump-forward. Proposals therefore aim to
+be the tokens the model itself would pick:
+- canonical: the forced text is tokenized together with the last few generated tokens (never
+  the prompt), so a merge with the previous token yields the merged tokens; a merge that would
+  rewrite a committed token is not drafted, the forced text is then tokenized on its own;
+- whole characters only: forced text is cut at the last complete UTF-8 character;
+- grammatical: each draft is checked against the matcher (walked back after).
 """
 from __future__ import annotations
 
@@ -26,11 +19,14 @@ from guided.fsm.matcher import Matcher
 
 
 class PromptLookup(Protocol):
-    """What a walk asks of a request's prompt-lookup index (the engine's engine/ngram.py)."""
+    """A request's prompt-lookup index (engine/ngram.py)."""
 
     def lookup(self, suffix: list[int], *, min_n: int, max_n: int, k: int) -> list[int]: ...
 
+
 MAX_BOUNDARY_TOKENS = 4
+# the n-grams of the drafts' context looked up in the prompt, shortest and longest
+LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4
 # bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's
 # longest is 64 bytes of spaces), so a cut forced text still yields the drafts wanted, and a
 # grammar's long forced run (up to grammar_bounds.MAX_SHORTEST_BYTES) costs no more to draft
@@ -39,10 +35,9 @@ FORCED_BYTES_PER_DRAFT = 128
 
 
 class CachedEncoder:
-    """tokenizer.encode(text, add_special_tokens=False), through the Rust tokenizer directly
-    (the transformers wrapper costs ~150 µs a call) and memoized: the forced texts of a batch
-    repeat (keys, separators, closing brackets). The direct path is used only if it agrees
-    with the wrapper on a few probes."""
+    """tokenizer.encode(text, add_special_tokens=False), memoized (forced texts repeat) and
+    through the Rust tokenizer directly (the transformers wrapper costs ~150 µs a call) where
+    it agrees with the wrapper on a few probes."""
 
     PROBES = ("hello world", ' {"key": "', "héllo — 日本語", "  x\n\ty", '"},{"', "12.5e-3")
 
@@ -50,23 +45,15 @@ class CachedEncoder:
         def slow(text: str) -> tuple[int, ...]:
             return tuple(tokenizer.encode(text, add_special_tokens=False))
 
-        encode = slow
+        def fast(text: str) -> tuple[int, ...]:
+            return tuple(backend.encode(text, add_special_tokens=False).ids)
+
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            fast = _backend_encode(backend)
-            if all(fast(p) == slow(p) for p in self.PROBES):
-                encode = fast
-        self._encode = functools.lru_cache(maxsize=maxsize)(encode)
+        use_fast = backend is not None and all(fast(p) == slow(p) for p in self.PROBES)
+        self._encode = functools.lru_cache(maxsize=maxsize)(fast if use_fast else slow)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._encode(text))
-
-
-def _backend_encode(backend):
-    def encode(text: str) -> tuple[int, ...]:
-        return tuple(backend.encode(text, add_special_tokens=False).ids)
-
-    return encode
 
 
 def complete_utf8_prefix(data: bytes) -> bytes:
@@ -124,12 +111,11 @@ def grammatical_prefix(matcher: Matcher, draft_ids: list[int]) -> list[int]:
 def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                          output_ids: list[int], *, max_tokens: int,
                          lookup: PromptLookup | None = None, lookup_tokens: int = 0,
-                         lookup_min_n: int = 2, lookup_max_n: int = 4,
                          unindexed: list[int] | tuple = ()) -> tuple[list[int], int]:
     """Draft tokens at the matcher's state, and how many of them are forced text: the forced
-    continuation, then up to lookup_tokens prompt-lookup tokens after it (from `lookup`, the
-    request's indexed tokens, followed by `unindexed`: the last of output_ids, not committed
-    yet); the whole draft cut to what the grammar accepts."""
+    continuation, then up to lookup_tokens prompt-lookup tokens (`lookup`'s indexed tokens
+    followed by `unindexed`, the uncommitted last of output_ids); all cut to what the grammar
+    accepts."""
     if max_tokens <= 0:  # a terminated matcher forces nothing and accepts no draft
         return [], 0
     forced = matcher.forced_string()
@@ -140,7 +126,7 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
     draft = draft[:max_tokens]
     num_forced = len(draft)
     if lookup is not None and lookup_tokens > 0 and len(draft) < max_tokens:
-        draft += lookup.lookup([*unindexed, *draft], min_n=lookup_min_n, max_n=lookup_max_n,
+        draft += lookup.lookup([*unindexed, *draft], min_n=LOOKUP_MIN_N, max_n=LOOKUP_MAX_N,
                                k=min(lookup_tokens, max_tokens - len(draft)))
     draft = grammatical_prefix(matcher, draft) if draft else []
     return draft, min(num_forced, len(draft))
@@ -148,15 +134,13 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
 
 def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                             output_ids: list[int], assumed: list[int], *, max_tokens: int,
-                            lookup: PromptLookup | None = None, lookup_tokens: int = 0,
-                            lookup_min_n: int = 2, lookup_max_n: int = 4
+                            lookup: PromptLookup | None = None, lookup_tokens: int = 0
                             ) -> tuple[int | None, list[int], int]:
     """Drafts for a request whose next step is in flight (overlapped scheduling): that step
-    feeds `assumed` (its drafts, taken as accepted) and samples one more token, unknown yet.
-    The guess for that token is the anchor: the first token of the forced continuation after
-    `assumed`, or else of the prompt-lookup continuation; the drafts (up to max_tokens) follow
-    it. Returns (anchor, drafts, how many drafts are forced text), or (None, [], 0) when there
-    is no guess or nothing would follow it. The matcher is left unchanged."""
+    feeds `assumed` (taken as accepted) and samples one more token, guessed as the anchor (the
+    first forced or prompt-lookup token after `assumed`); up to max_tokens drafts follow it.
+    Returns (anchor, drafts, how many are forced text), or (None, [], 0) without a guess or
+    drafts. The matcher is left unchanged."""
     if max_tokens <= 0:
         return None, [], 0
     walked = 0
@@ -167,8 +151,7 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
             walked += 1
         tokens, num_forced = propose_draft_tokens(
             tokenizer, token_bytes, matcher, output_ids + assumed, max_tokens=max_tokens + 1,
-            lookup=lookup, lookup_tokens=lookup_tokens, lookup_min_n=lookup_min_n,
-            lookup_max_n=lookup_max_n, unindexed=assumed)
+            lookup=lookup, lookup_tokens=lookup_tokens, unindexed=assumed)
     finally:
         matcher.rollback(walked)
     if len(tokens) < 2:
@@ -179,7 +162,7 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
 @dataclass(frozen=True, slots=True)
 class DraftAsk:
     """A request's next proposal as the proposer's policy decided it (room, cool-downs,
-    payoff), to be walked on a matcher in the loop or on a mask shard's mirror."""
+    payoff)."""
     room: int  # drafts at most
     lookup_tokens: int  # prompt-lookup guesses at most (0: none)
     assumed: tuple[int, ...] | None  # the in-flight step's drafts (anchored); None: unanchored

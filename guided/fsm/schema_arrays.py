@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 from typing import Any
 
-from guided.fsm.schema_merge import Unsatisfiable, as_list, refuse, where
+from guided.fsm.schema_merge import Unsatisfiable, as_list, refuse, value_key, where
 
 # the arrays a uniqueItems is enumerated into, at most
 MAX_UNIQUE_ARRAYS = 512
@@ -57,7 +56,7 @@ def rewrite_unique_items(node: dict, pointer: str) -> None:
                                              "few possible values (const, enum, boolean)")
     firsts: dict[str, Any] = {}
     for value in values:
-        firsts.setdefault(_unique_key(value), value)
+        firsts.setdefault(value_key(value), value)
     distinct = list(firsts.values())
     least = node.get("minItems", 0)
     lengths = range(least, int(min(top, len(distinct))) + 1)
@@ -83,17 +82,3 @@ def _finite_values(items: Any) -> list | None:
         return [v for t in as_list(items["type"])
                 for v in ([True, False] if t == "boolean" else [None])]
     return None
-
-
-def _unique_key(value: Any) -> str:
-    """Equal keys for values uniqueItems takes as equal (1 and 1.0; not 1 and true)."""
-    def normal(v):
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, list):
-            return [normal(x) for x in v]
-        if isinstance(v, dict):
-            return {k: normal(x) for k, x in v.items()}
-        return v
-
-    return json.dumps(normal(value), sort_keys=True)

@@ -22,13 +22,13 @@ from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
 from guided.fsm.schema_arrays import rewrite_contains, rewrite_unique_items
-from guided.fsm.schema_drafts import upgrade
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
 from guided.fsm.schema_merge import (
     ANNOTATIONS,
     SchemaCombiner,
     Unsatisfiable,
     as_list,
+    escape,
     json_text,
     refuse,
     validation_keys,
@@ -43,7 +43,7 @@ from guided.fsm.schema_objects import (
     rewrite_unevaluated,
     split_dependencies,
 )
-from guided.fsm.schema_refs import localize_refs
+from guided.fsm.schema_refs import localize_refs, upgrade
 
 # The public names; FORMAT_PATTERNS and fix_optional_groups live in schema_formats but callers
 # import them from here.
@@ -67,7 +67,6 @@ IGNORED_BY_XGRAMMAR = ("dependencies", "unevaluatedProperties",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
 INTEGER_LIMIT = 2**53
-APPLICATORS_DONE = frozenset({"allOf", "anyOf", "oneOf", "$ref"})
 
 
 # References the walk rewrites in place: the root, and $defs / definitions (nested) from it.
@@ -162,7 +161,7 @@ class _Rewriter(SchemaCombiner):
         self._rewrite_array(node, pointer)
         for container in ("$defs", "definitions"):
             if isinstance(node.get(container), dict):
-                node[container] = {k: self.rewrite(v, f"{pointer}/{container}/{_esc(k)}")
+                node[container] = {k: self.rewrite(v, f"{pointer}/{container}/{escape(k)}")
                                    if v is not False else v
                                    for k, v in node[container].items()}
         return node
@@ -214,7 +213,7 @@ class _Rewriter(SchemaCombiner):
             raise Unsatisfiable(f"no branch of the {kw} at {where(pointer)} admits a value")
         out = rewritten[0] if len(rewritten) == 1 else {"anyOf": rewritten}
         for k, v in defs.items():
-            out[k] = {name: self.rewrite(s, f"{pointer}/{k}/{_esc(name)}")
+            out[k] = {name: self.rewrite(s, f"{pointer}/{k}/{escape(name)}")
                       for name, s in v.items()}
         return out
 
@@ -242,7 +241,7 @@ class _Rewriter(SchemaCombiner):
                     if node.get("additionalProperties") is False:
                         del props[name]  # cannot appear anyway
                     else:
-                        raise refuse("properties", f"{pointer}/properties/{_esc(name)}",
+                        raise refuse("properties", f"{pointer}/properties/{escape(name)}",
                                      "a `false` property schema is only supported with "
                                      "additionalProperties false")
         extra = node.get("additionalProperties", True)
@@ -257,7 +256,7 @@ class _Rewriter(SchemaCombiner):
             rewritten = {}
             for name, sub in props.items():
                 try:
-                    rewritten[name] = self.rewrite(sub, f"{pointer}/properties/{_esc(name)}")
+                    rewritten[name] = self.rewrite(sub, f"{pointer}/properties/{escape(name)}")
                 except Unsatisfiable:
                     # an optional property no value satisfies must be absent; the strict-mode
                     # grammar omits undeclared keys unless additionalProperties admits them
@@ -274,7 +273,7 @@ class _Rewriter(SchemaCombiner):
 
         if "patternProperties" in node:
             node["patternProperties"] = {
-                p: self.rewrite(s, f"{pointer}/patternProperties/{_esc(p)}")
+                p: self.rewrite(s, f"{pointer}/patternProperties/{escape(p)}")
                 for p, s in node["patternProperties"].items()}
         check_min_properties(node, pointer)
 
@@ -349,26 +348,22 @@ def _drop_trivial(node: dict) -> None:
     if "if" not in node:
         node.pop("then", None)
         node.pop("else", None)
-    for kw in ("unevaluatedProperties", "unevaluatedItems", "not"):
-        if node.get(kw) is True and kw != "not":
-            node.pop(kw)
-    for kw in ("dependentRequired", "dependentSchemas", "dependencies", "patternProperties"):
-        if node.get(kw) == {}:
+    for kw in ("unevaluatedProperties", "unevaluatedItems"):
+        if node.get(kw) is True:
             node.pop(kw)
     if node.get("uniqueItems") is False:
         node.pop("uniqueItems")
-    if node.get("minContains") == 0 and "contains" not in node:
-        node.pop("minContains")
     if node.get("propertyNames") in (True, {}):
         node.pop("propertyNames")
-    if node.get("allOf") == []:
-        node.pop("allOf")
+    for kw in ("dependentRequired", "dependentSchemas", "dependencies", "patternProperties",
+               "allOf"):
+        if node.get(kw) in ({}, []):
+            node.pop(kw)
     if "additionalItems" in node and not isinstance(node.get("items"), list):
         node.pop("additionalItems")
-    if "maxContains" in node and "contains" not in node:
-        node.pop("maxContains")
-    if "minContains" in node and "contains" not in node:
-        node.pop("minContains")
+    if "contains" not in node:
+        node.pop("minContains", None)
+        node.pop("maxContains", None)
 
 
 def _infer_type(node: dict, pointer: str) -> dict:
@@ -388,7 +383,3 @@ def _only_type(node: dict, type_name: str) -> dict:
             if not any(k in kws for t, kws in TYPE_KEYWORDS.items() if t != family)}
     keep["type"] = type_name
     return keep
-
-
-def _esc(name: str) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")

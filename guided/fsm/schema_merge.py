@@ -142,7 +142,7 @@ class SchemaCombiner:
             return None
         if "const" in node or "enum" in node:
             values = [node["const"]] if "const" in node else node["enum"]
-            return {json_text(_normal_number(v)) for v in values}
+            return {value_key(v) for v in values}
         known = [self.known_values(s, pointer, depth + 1) for s in node.get("allOf", [])]
         known = [k for k in known if k is not None]
         return set.intersection(*known) if known else None
@@ -285,7 +285,17 @@ def _merge_schemas(key: str, a: Any, b: Any) -> Any:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    return json_text(_normal_number(a)) == json_text(_normal_number(b))
+    return value_key(a) == value_key(b)
+
+
+def value_key(value: Any) -> str:
+    """Equal keys for values JSON Schema takes as equal (1 and 1.0; not 1 and true)."""
+    return json_text(_normal_number(value))
+
+
+def escape(name: str) -> str:
+    """name as a JSON pointer token."""
+    return str(name).replace("~", "~0").replace("/", "~1")
 
 
 def validation_keys(node: dict, exclude: tuple = ()) -> list[str]:

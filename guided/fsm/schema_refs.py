@@ -1,17 +1,26 @@
-"""References made local before a schema is checked: every $ref the document itself can resolve
-(through $id base URIs, embedded resources, $anchor and draft-6/7 `"$id": "#name"` anchors,
-draft 4's `id`) is rewritten as a JSON pointer into the document, and the identifiers are
-dropped. A reference to a document that is not embedded stays as it is: the checker refuses it.
+"""The passes before a schema is checked: draft 4-7 spellings read as their 2020-12 equivalents
+(upgrade), and references made local (localize_refs).
+
+upgrade rewrites only spellings 2020-12 gives no other meaning to: `items` as a list (now
+prefixItems) with `additionalItems` (now items), `dependencies` (now dependentRequired and
+dependentSchemas; 2020-12 ignores the old name, so enforcing it is only stricter there), and
+draft 4's boolean exclusiveMinimum / exclusiveMaximum.
+
+localize_refs rewrites every $ref the document itself can resolve (through $id base URIs,
+embedded resources, $anchor, `"$id": "#name"` anchors, draft 4's `id`) as a JSON pointer into
+the document and drops the identifiers; a reference to a document not embedded stays, for the
+checker to refuse.
 
     {"$id": "http://x.com/root", "$defs": {"a": {"$id": "int.json", "type": "integer"}},
      "$ref": "int.json"}          ->  ... "$ref": "#/$defs/a"
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
-from guided.fsm.schema_merge import refuse
+from guided.fsm.schema_merge import escape, refuse
 
 _ROOT_URI = "urn:guided:root"
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas",
@@ -22,22 +31,54 @@ _SCHEMAS = ("additionalProperties", "additionalItems", "items", "not", "if", "th
 MAX_DEPTH = 200
 
 
+def _map_children(node: dict, fn: Callable[[Any, str], Any]) -> dict:
+    """A copy of node with each subschema replaced by fn(subschema, its relative pointer)."""
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: fn(v, f"{key}/{escape(k)}") for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [fn(v, f"{key}/{i}") for i, v in enumerate(out[key])]
+    for key in _SCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = fn(out[key], key)
+    return out
+
+
+def upgrade(schema: Any, depth: int = 0) -> Any:
+    """A copy of schema with the old spellings replaced (past MAX_DEPTH left as it is: the
+    checker refuses it)."""
+    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+        return schema
+    node = _map_children(schema, lambda child, _: upgrade(child, depth + 1))
+    if isinstance(node.get("items"), list) and "prefixItems" not in node:
+        node["prefixItems"] = node.pop("items")
+        if "additionalItems" in node:
+            node["items"] = node.pop("additionalItems")
+    if isinstance(node.get("dependencies"), dict):
+        for name, value in node.pop("dependencies").items():
+            key = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+            node.setdefault(key, {})
+            if isinstance(node[key], dict) and name not in node[key]:
+                node[key][name] = value
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(exclusive), bool) and node.pop(exclusive) and bound in node:
+            node[exclusive] = node.pop(bound)
+    return node
+
+
 def localize_refs(schema: Any) -> Any:
     """A copy of schema with its resolvable references local and its identifiers dropped (the
     schema itself where it declares none). Raises ConstraintError for a $ref whose target
     depends on the draft."""
-    if not isinstance(schema, dict) or not _declares_ids(schema):
+    text = str(schema)
+    if not isinstance(schema, dict) or not ("'$id'" in text or "'$anchor'" in text
+                                            or "'id': '" in text):
         return schema
-    id_key = "id" if "draft-04" in str(schema.get("$schema", "")) else "$id"
-    index = _Index(id_key)
+    index = _Index("id" if "draft-04" in str(schema.get("$schema", "")) else "$id")
     index.scan(schema, _ROOT_URI, "", 0)
     return index.rewrite(schema, _ROOT_URI, "", 0)
-
-
-def _declares_ids(schema: Any) -> bool:
-    """Whether any $id / $anchor / id appears (cheap: most schemas have none)."""
-    text = str(schema)
-    return "'$id'" in text or "'$anchor'" in text or "'id': '" in text
 
 
 class _Index:
@@ -52,9 +93,9 @@ class _Index:
             return urldefrag(_join(base, ident))[0]
         return base
 
-    def scan(self, node: Any, base: str, pointer: str, depth: int) -> None:
+    def scan(self, node: Any, base: str, pointer: str, depth: int) -> Any:
         if not isinstance(node, dict) or depth > MAX_DEPTH:
-            return
+            return node
         base = self._base(node, base)
         self.resources.setdefault(base, pointer)
         ident = node.get(self.id_key)
@@ -62,8 +103,9 @@ class _Index:
             self.anchors.setdefault(f"{base}#{urldefrag(ident)[1]}", pointer)
         if isinstance(node.get("$anchor"), str):
             self.anchors.setdefault(f"{base}#{node['$anchor']}", pointer)
-        for child, at in _children(node, pointer):
-            self.scan(child, base, at, depth + 1)
+        _map_children(node, lambda child, at: self.scan(child, base, f"{pointer}/{at}",
+                                                        depth + 1))
+        return node
 
     def rewrite(self, node: Any, outer: str, pointer: str, depth: int) -> Any:
         if not isinstance(node, dict) or depth > MAX_DEPTH:
@@ -78,18 +120,8 @@ class _Index:
                 # 2020-12 against the $id: where the two disagree, neither is safe
                 raise refuse("$ref", pointer, "beside an $id, drafts disagree on what it "
                                               "refers to")
-        for key in _SCHEMA_MAPS:
-            if isinstance(out.get(key), dict):
-                out[key] = {k: self.rewrite(v, base, f"{pointer}/{key}/{_escape(k)}", depth + 1)
-                            for k, v in out[key].items()}
-        for key in _SCHEMA_LISTS:
-            if isinstance(out.get(key), list):
-                out[key] = [self.rewrite(v, base, f"{pointer}/{key}/{i}", depth + 1)
-                            for i, v in enumerate(out[key])]
-        for key in _SCHEMAS:
-            if isinstance(out.get(key), dict):
-                out[key] = self.rewrite(out[key], base, f"{pointer}/{key}", depth + 1)
-        return out
+        return _map_children(out, lambda child, at: self.rewrite(child, base, f"{pointer}/{at}",
+                                                                 depth + 1))
 
     def _local(self, ref: str, base: str) -> str:
         target, fragment = urldefrag(_join(base, ref))
@@ -106,21 +138,3 @@ def _join(base: str, ref: str) -> str:
     if ref.startswith("#"):
         return base + ref
     return urljoin(base, ref)
-
-
-def _children(node: dict, pointer: str):
-    for key in _SCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            for name, child in node[key].items():
-                yield child, f"{pointer}/{_escape(key)}/{_escape(name)}"
-    for key in _SCHEMA_LISTS:
-        if isinstance(node.get(key), list):
-            for i, child in enumerate(node[key]):
-                yield child, f"{pointer}/{_escape(key)}/{i}"
-    for key in _SCHEMAS:
-        if isinstance(node.get(key), dict):
-            yield node[key], f"{pointer}/{_escape(key)}"
-
-
-def _escape(name: str) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")

@@ -1,24 +1,29 @@
-"""Worker processes that check JSON schemas and write their regexes (fsm/schema_check.py,
-fsm/schema_regex.py, fsm/regex_size.py): the Python stages of a schema's compile, the only ones
-that hold the GIL (outlines-core's index and xgrammar's compile run without it;
-benchmarks/bench_compile_gil.py --stages). In the engine's process they took ~7 ms of GIL a
-schema, in holds of milliseconds, from a step loop that needs it every few microseconds while
-a cold server compiles dozens of schemas a second; here the compile thread that asks waits on
-a pipe, without the GIL.
+"""Worker processes that check JSON schemas and write their regexes: the Python stages of a
+schema's compile, the only ones that hold the GIL (~7 ms a schema, in holds of milliseconds, from
+a step loop that needs it every few microseconds while a cold server compiles dozens of schemas
+a second); here the compile thread that asks waits on a pipe, without the GIL.
 
-A worker is `python -m guided.fsm.schema_worker` (fsm/pipe_workers.py), sent schemas; one
-that fails is replaced, and its schema is analysed in the asking thread instead.
+A worker is `python -m guided.fsm.schema_worker` (a plain subprocess, not multiprocessing's
+spawn, which would re-import the caller's __main__), sent length-prefixed pickles on stdin and
+answering on stdout. Workers start on first use; one that fails is replaced, and its schema is
+analysed in the asking thread instead.
 """
 from __future__ import annotations
 
 import logging
+import pickle
+import queue
+import struct
+import subprocess
 import sys
+import threading
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from guided.errors import ConstraintError
-from guided.fsm.pipe_workers import PipeWorkers, receive_message, send_message
 
 log = logging.getLogger(__name__)
+_HEADER = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,22 +54,76 @@ def analyse(value: str, *, want_regex: bool) -> SchemaAnalysis:
     return SchemaAnalysis(schema, regex, regex_size(regex) if regex is not None else 0.0)
 
 
-class SchemaWorkers(PipeWorkers):
+def _send(stream: BinaryIO, obj) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO):
+    header = stream.read(_HEADER.size)
+    size = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else -1
+    data = stream.read(size) if size > 0 else b""
+    if len(data) != size:
+        raise EOFError("the worker closed its pipe")
+    return pickle.loads(data)
+
+
+class SchemaWorkers:
     def __init__(self, num_workers: int):
-        super().__init__("guided.fsm.schema_worker", num_workers)
+        self._idle: queue.Queue[subprocess.Popen | None] = queue.Queue()
+        for _ in range(max(1, num_workers)):
+            self._idle.put(None)  # started when first taken
+        self._lock = threading.Lock()
+        self._all: list[subprocess.Popen] = []
+        self._closed = False
 
     def analyse(self, value: str, *, want_regex: bool) -> SchemaAnalysis:
         """analyse() on an idle worker (waits for one); in this thread if the worker fails."""
+        worker = self._idle.get()
         try:
-            kind, result = self.ask((value, want_regex))
+            if worker is None or worker.poll() is not None:
+                worker = self._start()
+            _send(worker.stdin, (value, want_regex))
+            kind, result = _receive(worker.stdout)
         except (OSError, EOFError, RuntimeError) as e:
+            self._stop(worker)
+            worker = None
             log.warning("a schema worker failed (%s): checking the schema in-process", e)
             return analyse(value, want_regex=want_regex)
+        finally:
+            self._idle.put(worker)
         if kind == "ok":
             return result
         if kind == "refused":
             raise ConstraintError(result)
         raise RuntimeError(f"checking the schema failed: {result}")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all = self._all, []
+        for worker in workers:
+            self._stop(worker)
+
+    def _start(self) -> subprocess.Popen:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the schema workers are shut down")
+            worker = subprocess.Popen([sys.executable, "-m", "guided.fsm.schema_worker"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._all.append(worker)
+        return worker
+
+    @staticmethod
+    def _stop(worker: subprocess.Popen | None) -> None:
+        if worker is None:
+            return
+        try:
+            worker.stdin.close()
+            worker.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - already gone, or stuck: killed
+            worker.kill()
 
 
 def main() -> None:
@@ -75,7 +134,7 @@ def main() -> None:
     os.nice(10)  # a compile's stage: beside the compile threads, below the step loop
     while True:
         try:
-            value, want_regex = receive_message(stdin)
+            value, want_regex = _receive(stdin)
         except EOFError:
             return
         try:
@@ -84,7 +143,7 @@ def main() -> None:
             answer = ("refused", str(e))
         except Exception as e:  # noqa: BLE001 - reported to the asker, the worker lives on
             answer = ("failed", repr(e))
-        send_message(stdout, answer)
+        _send(stdout, answer)
 
 
 if __name__ == "__main__":  # run as the module's own name: its answers unpickle in the engine

@@ -136,8 +136,6 @@ class _OwnTokens:
 class LLGuidanceBackend:
     """One llguidance tokenizer (built once, ~0.25 s) for a compiler's vocabulary."""
 
-    name = "llguidance"
-
     def __init__(self, tokenizer, vocab: TokenVocab):
         from llguidance import LLTokenizer, TokenizerWrapper
 

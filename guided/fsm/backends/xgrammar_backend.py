@@ -130,8 +130,6 @@ class XGrammarBackend:
     """Compiles specs with one xgrammar GrammarCompiler. Thread-safe: compiles run in parallel
     threads and release the GIL. xgrammar's own cache is off: GrammarCompiler keeps an LRU."""
 
-    name = "xgrammar"
-
     def __init__(self, vocab: TokenVocab, config: CompileSettings):
         self.vocab = vocab
         self.config = config
