@@ -13,10 +13,8 @@ given the same schemas with the same tokenizer (the default model's):
   valid means both agree it is valid. False accepts are counted by the keyword jsonschema names
   for the failure ("(label)" where only the label says invalid).
 guided runs as the engine compiles by default (check_schema, then xgrammar with compact
-separators) with the token-level DFA off (the DFA serves the same checked schemas; see
-grammar_soundness.py --dfa); xgrammar alone runs with its defaults (strict mode, any
-whitespace), llguidance alone with its defaults (flexible whitespace). Progress goes to stderr,
-the table to stdout. --json-out keeps per-schema outcomes and resumes an interrupted run.
+separators); xgrammar alone runs with its defaults (strict mode, any whitespace), llguidance
+alone with its defaults (flexible whitespace). Progress goes to stderr, the table to stdout. --json-out keeps per-schema outcomes and resumes an interrupted run.
 """
 from __future__ import annotations
 
@@ -93,7 +91,7 @@ class Engines:
         self.timeout_s = timeout_s
         self.waited_s = 0.0  # the last guided compile's wait for a busy compiler
         config = CompileSettings(compile_timeout_s=timeout_s, compile_threads=1,
-                              grammar_cache_size=4, dfa_masks=False)
+                              grammar_cache_size=4)
         self.guided = GrammarCompiler(tokenizer, vocab_size=len(tokenizer), config=config)
         self.eos = self.guided.vocab.eos_token_ids[0]
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))

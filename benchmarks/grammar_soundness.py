@@ -6,11 +6,7 @@ the grammar's output can look (compact and ", "/": " separators), feed the bytes
 accepted schema) is a soundness bug; a false reject costs coverage only. "Invalid" means invalid
 by the material's label *or* by jsonschema Draft 2020-12 with format checking (the contract).
 
-    python benchmarks/grammar_soundness.py [--limit N] [--workers N] [--mode bytes|tokens] [--dfa]
-
-Without --dfa the xgrammar path is checked (dfa_masks off); --dfa checks the token-level DFA
-path (fsm/backends/dfa_backend.py): a schema it does not serve counts as refused ("dfa: ..."). It
-writes compact separators: use it with --compact.
+    python benchmarks/grammar_soundness.py [--limit N] [--workers N] [--mode bytes|tokens]
 """
 from __future__ import annotations
 
@@ -119,7 +115,7 @@ class Checker:
     """Per-process state: one compiler, one tokenizer."""
 
     def __init__(self, mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
-                 tokenizer=None, dfa: bool = False, walks: int = 0):
+                 tokenizer=None, walks: int = 0):
         from guided.fsm.compiler import GrammarCompiler
         from guided.fsm.settings import CompileSettings
 
@@ -131,13 +127,12 @@ class Checker:
         self.tokenizer = tokenizer
         config = CompileSettings(any_whitespace=any_whitespace, max_whitespace=max_whitespace,
                               compile_timeout_s=timeout_s, compile_threads=1,
-                              grammar_cache_size=4, dfa_masks=dfa)
+                              grammar_cache_size=4)
         self.compiler = GrammarCompiler(self.tokenizer, vocab_size=len(self.tokenizer),
                                         config=config)
         self.eos = self.compiler.vocab.eos_token_ids[0]
         self.mode = mode
         self.any_whitespace = any_whitespace
-        self.dfa = dfa
         self.walks = walks
 
     def close(self) -> None:
@@ -205,9 +200,6 @@ class Checker:
         except (ConstraintError, CompileTimeoutError) as e:  # a timeout: not served either
             out.refused = str(e)
             return out
-        if self.dfa and grammar.backend != "dfa":
-            out.refused = "dfa: not served by the DFA (see dfa_backend.schema_regex)"
-            return out
         factory = grammar.matcher
         try:
             validator = Draft202012Validator(case.schema,
@@ -270,12 +262,12 @@ _checker: Checker | None = None
 
 
 def _init(mode: str, any_whitespace: bool, max_whitespace: int, timeout_s: float,
-          dfa: bool = False, walks: int = 0) -> None:
+          walks: int = 0) -> None:
     global _checker
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)  # xgrammar's C++ warnings (ignored anchors, ...) flood stderr
-    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s, dfa=dfa, walks=walks)
+    _checker = Checker(mode, any_whitespace, max_whitespace, timeout_s, walks=walks)
 
 
 def _run(case: Case) -> Outcome:
@@ -284,8 +276,6 @@ def _run(case: Case) -> Outcome:
 
 
 def refusal_keyword(message: str) -> str:
-    if message.startswith("dfa: "):
-        return "(not served by the DFA)"
     if message.startswith("unsupported JSON Schema keyword '"):
         keyword = message.split("'")[1]
         if keyword == "format" and "format '" in message:
@@ -360,8 +350,6 @@ def main() -> None:
     parser.add_argument("--compact", action="store_true", help="any_whitespace=False")
     parser.add_argument("--max-whitespace", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0)
-    parser.add_argument("--dfa", action="store_true",
-                        help="check the token-level DFA path (schemas it does not serve: refused)")
     parser.add_argument("--walks", type=int, default=0,
                         help="random outputs per accepted schema, each validated with jsonschema")
     parser.add_argument("--json-out", default=None, help="write per-schema outcomes here")
@@ -378,8 +366,7 @@ def main() -> None:
         cases = [c for c in cases if c.schema_id not in done]
         print(f"resuming: {len(done)} outcomes read from {args.json_out}", flush=True)
     sink = open(args.json_out, "a") if args.json_out else None  # noqa: SIM115
-    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout, args.dfa,
-                 args.walks)
+    init_args = (args.mode, not args.compact, args.max_whitespace, args.timeout, args.walks)
     # big schemas first so the tail of the run is not one slow worker
     cases.sort(key=lambda c: -len(json.dumps(c.schema)))
     with mp.get_context("spawn").Pool(args.workers, initializer=_init,

@@ -124,12 +124,12 @@ def vocab(tokenizer):
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
     """A grammar compiler for the default model's 49152 logits (a module may define its own),
-    xgrammar's for every JSON schema: the machinery these tests cover (shards, bans, draft
-    walks) is xgrammar's; tests/fsm/test_dfa_backend.py covers the token-level DFA."""
+    xgrammar's for every JSON schema (llguidance off): the machinery these tests cover (bans,
+    draft walks) is xgrammar's."""
     from guided.fsm.compiler import GrammarCompiler
     from guided.fsm.settings import CompileSettings
 
     c = GrammarCompiler(tokenizer, vocab_size=49152,
-                        config=CompileSettings(dfa_masks=False, llguidance=False))
+                        config=CompileSettings(llguidance=False))
     yield c
     c.shutdown()

@@ -29,7 +29,7 @@ from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.backends.llguidance_backend import prefers_llguidance
 from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 from guided.fsm.matcher import Matcher
-from guided.fsm.schema_worker import analyse
+from guided.fsm.schema_worker import check
 from guided.fsm.settings import CompileSettings
 from guided.fsm.structural_tags import checked_structural_tag
 from guided.fsm.vocab import TokenVocab
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines" | "dfa" | "llguidance"
+    backend: str  # "xgrammar" | "outlines" | "llguidance"
     _make_matcher: Callable[[], Matcher] = field(repr=False)
 
     def matcher(self) -> Matcher:
@@ -78,7 +78,6 @@ class GrammarCompiler:
         self._llguidance = None
         self._xgrammar = XGrammarBackend(self.vocab, config)
         self._outlines = None
-        self._dfa_vocab = None
         self._outlines_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, _Compile] = OrderedDict()
         self._lock = threading.Lock()
@@ -213,16 +212,9 @@ class GrammarCompiler:
             return CompiledGrammar(spec, seconds, "outlines",
                                    lambda: OutlinesMatcher(index, backend))
         if spec.kind == "json_schema":  # a refusal raises ConstraintError
-            want_regex = self.config.dfa_masks
-            analysed = (analyse(spec.value, want_regex=want_regex)
-                        if self._schema_workers is None
-                        else self._schema_workers.analyse(spec.value, want_regex=want_regex))
-            schema, regex = analysed.schema, analysed.regex
-            if regex is not None and analysed.size <= self.config.dfa_max_size:
-                dfa = self._dfa_grammar(spec, regex, start)
-                if dfa is not None:
-                    return dfa
-            if (regex is None and self.config.llguidance and self._tokenizer is not None
+            schema = (check(spec.value) if self._schema_workers is None
+                      else self._schema_workers.check(spec.value))
+            if (self.config.llguidance and self._tokenizer is not None
                     and prefers_llguidance(schema)):
                 served = self._llguidance_grammar(spec, schema, start)
                 if served is not None:
@@ -265,35 +257,6 @@ class GrammarCompiler:
             return None
         return CompiledGrammar(spec, time.perf_counter() - start, "llguidance",
                                lambda: LLGuidanceMatcher(initial, backend))
-
-    def _dfa_grammar(self, spec: ConstraintSpec, regex: str,
-                     start: float | None = None) -> CompiledGrammar | None:
-        """The schema's grammar served by the token-level DFA of its regex (None where
-        outlines-core cannot build it)."""
-        from guided.fsm.backends.dfa_backend import DfaMatcher
-
-        start = time.perf_counter() if start is None else start
-        dfa = self._dfa(regex)
-        if dfa is None:
-            return None
-        vocab = self.vocab
-        return CompiledGrammar(spec, time.perf_counter() - start, "dfa",
-                               lambda: DfaMatcher(dfa, vocab))
-
-    def _dfa(self, regex: str):
-        """The regex's token-level DFA, or None where outlines-core fails on it."""
-        from guided.fsm.backends.dfa_backend import DfaVocab, TokenDfa
-
-        try:
-            with self._outlines_lock:
-                if self._dfa_vocab is None:
-                    self._dfa_vocab = DfaVocab(self.vocab)
-            return TokenDfa(regex, self._dfa_vocab)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # noqa: BLE001 - a Rust panic is a BaseException
-            log.warning("json schema on xgrammar: outlines-core failed: %s", str(e)[:200])
-        return None
 
     def _outlines_backend(self):
         from guided.fsm.backends.outlines_backend import OutlinesBackend

@@ -1,5 +1,5 @@
-"""Worker processes that check JSON schemas and write their regexes: the Python stages of a
-schema's compile, the only ones that hold the GIL (~7 ms a schema, in holds of milliseconds, from
+"""Worker processes that check JSON schemas (schema_check): the Python stage of a schema's
+compile, the only one that holds the GIL (~7 ms a schema, in holds of milliseconds, from
 a step loop that needs it every few microseconds while a cold server compiles dozens of schemas
 a second); here the compile thread that asks waits on a pipe, without the GIL.
 
@@ -10,6 +10,7 @@ analysed in the asking thread instead.
 """
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import queue
@@ -17,7 +18,6 @@ import struct
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from typing import BinaryIO
 
 from guided.errors import ConstraintError
@@ -26,32 +26,11 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<Q")
 
 
-@dataclass(frozen=True, slots=True)
-class SchemaAnalysis:
-    schema: dict  # as check_schema rewrote it
-    regex: str | None  # its exact regex; None: not regular (or not asked for)
-    size: float  # regex_size(regex) (0 without a regex)
-
-
-def analyse(value: str, *, want_regex: bool) -> SchemaAnalysis:
-    """The schema (JSON text) checked, and its regex and the regex's size where want_regex.
-    Raises ConstraintError for a schema the engine refuses."""
-    import json
-
-    from guided.fsm.regex_size import regex_size
+def check(value: str) -> dict:
+    """The schema (JSON text) as check_schema rewrites it; ConstraintError where refused."""
     from guided.fsm.schema_check import check_schema
-    from guided.fsm.schema_regex import NotRegular, schema_regex
 
-    schema = check_schema(json.loads(value))
-    regex = None
-    if want_regex:
-        try:
-            regex = schema_regex(schema)
-        except NotRegular as e:
-            log.debug("json schema on xgrammar: %s", e)
-        except Exception as e:  # noqa: BLE001 - a bug here costs the DFA, not the request
-            log.warning("json schema on xgrammar: its regex failed: %r", e)
-    return SchemaAnalysis(schema, regex, regex_size(regex) if regex is not None else 0.0)
+    return check_schema(json.loads(value))
 
 
 def _send(stream: BinaryIO, obj) -> None:
@@ -78,19 +57,19 @@ class SchemaWorkers:
         self._all: list[subprocess.Popen] = []
         self._closed = False
 
-    def analyse(self, value: str, *, want_regex: bool) -> SchemaAnalysis:
-        """analyse() on an idle worker (waits for one); in this thread if the worker fails."""
+    def check(self, value: str) -> dict:
+        """check() on an idle worker (waits for one); in this thread if the worker fails."""
         worker = self._idle.get()
         try:
             if worker is None or worker.poll() is not None:
                 worker = self._start()
-            _send(worker.stdin, (value, want_regex))
+            _send(worker.stdin, value)
             kind, result = _receive(worker.stdout)
         except (OSError, EOFError, RuntimeError) as e:
             self._stop(worker)
             worker = None
             log.warning("a schema worker failed (%s): checking the schema in-process", e)
-            return analyse(value, want_regex=want_regex)
+            return check(value)
         finally:
             self._idle.put(worker)
         if kind == "ok":
@@ -134,11 +113,11 @@ def main() -> None:
     os.nice(10)  # a compile's stage: beside the compile threads, below the step loop
     while True:
         try:
-            value, want_regex = _receive(stdin)
+            value = _receive(stdin)
         except EOFError:
             return
         try:
-            answer = ("ok", analyse(value, want_regex=want_regex))
+            answer = ("ok", check(value))
         except ConstraintError as e:
             answer = ("refused", str(e))
         except Exception as e:  # noqa: BLE001 - reported to the asker, the worker lives on

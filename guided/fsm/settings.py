@@ -25,14 +25,8 @@ class CompileSettings:
     # preempts the step loop or the mask threads
     compile_nice: int = 10
     compile_sched_idle: bool = False  # compiles under Linux's SCHED_IDLE (a GPU host)
-    schema_processes: int = 0  # processes checking schemas and writing their regexes
+    schema_processes: int = 0  # processes checking schemas (fsm/schema_worker.py)
     grammar_cache_size: int = 512
-    # regular JSON schemas compile to a token-level DFA (outlines-core) instead of xgrammar's
-    # grammar: a state's mask row is written once, then copied (fsm/backends/dfa_backend.py)
-    dfa_masks: bool = True
-    # a schema whose regex unrolls past this many positions is served by xgrammar: its DFA
-    # would cost more to build than it saves (fsm/regex_size.py)
-    dfa_max_size: int = 1000
     # checked schemas with string bounds past a short pattern's compile with llguidance (ms)
     # rather than xgrammar (seconds to minutes: fsm/backends/llguidance_backend.py)
     llguidance: bool = True
@@ -46,8 +40,7 @@ class CompileSettings:
                    compile_threads=compile_threads_default(sched_idle=idle, num_cpus=num_cpus),
                    xgrammar_threads=xgrammar_threads_default(sched_idle=idle, num_cpus=num_cpus),
                    compile_sched_idle=idle,
-                   schema_processes=schema_processes_default(on_gpu=on_gpu, num_cpus=num_cpus),
-                   dfa_max_size=dfa_max_size_default(on_gpu=on_gpu))
+                   schema_processes=schema_processes_default(on_gpu=on_gpu, num_cpus=num_cpus))
 
 
 def schema_processes_default(*, on_gpu: bool, num_cpus: int) -> int:
@@ -79,15 +72,3 @@ def xgrammar_threads_default(*, sched_idle: bool, num_cpus: int) -> int:
     large schemas (seconds of a core each) compile in a fraction of that; elsewhere 1."""
     return max(1, min(8, num_cpus // 2)) if sched_idle else 1
 
-
-def dfa_max_size_default(*, on_gpu: bool) -> int:
-    """On a GPU host no schema is served by a DFA: waiting for one (outlines-core, ~5x
-    xgrammar's compile: benchmarks/compile_vs_baseline.py) slowed cold serving, and building it
-    in the background while xgrammar served the schema did not pay on the llama-3-8b shape
-    (H200, one lease, benchmarks/beside_vllm.sh's guided passes, JSON at 64: 4801.7 / 7047.6
-    tok/s cold / warm with background DFAs, 4683.3 / 6994.3 without, within the runs' noise),
-    where a warm step on xgrammar's batched fills is as fast as an unconstrained one
-    (engine_offline.py --paired: constrained repeat 1.017x free). On the CPU (the default
-    model: a step is a few ms of host work) DFAs up to 1000 positions: built in well under a
-    second, their memoized rows are the cheapest fill."""
-    return 0 if on_gpu else 1000

@@ -1,10 +1,9 @@
-"""A bounded thread pool whose jobs have a deadline (the grammar compiles' and the background DFA
-builds'), and the lowered priority its threads run at. A C++ compile cannot be interrupted, so a
-job past its deadline is abandoned: its owner is told (or its future fails) at once and a fresh
-worker replaces it; so is a job its owner drops while it runs (nobody waits for it any more),
-whose thread then runs at the lowest priority until its compile ends. With max_wait_s, queued
-jobs that would not start within it are cancelled (shed) rather than left to time out, except
-those submitted not sheddable (an offline batch's: its caller waits however long it takes; a
+"""A bounded thread pool whose jobs (grammar compiles) have a deadline, and the lowered priority
+its threads run at. A C++ compile cannot be interrupted, so a job past its deadline is
+abandoned: its owner is told (or its future fails) at once and a fresh worker replaces it; so is
+a job its owner drops while it runs, whose thread then runs at the lowest priority until its
+compile ends. With max_wait_s, queued jobs that would not start within it are cancelled (shed)
+rather than left to time out, except those submitted not sheddable (an offline batch's: a
 forecast shed 95 of 128 schemas such a batch submitted at once on a busy 2-core host)."""
 from __future__ import annotations
 

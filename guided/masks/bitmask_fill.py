@@ -3,9 +3,8 @@
 xgrammar matchers go to xgrammar's BatchGrammarMatcher, which fills all rows in one C++ call
 (no Python per row): on one thread below PARALLEL_THRESHOLD rows, where a thread hand-off
 costs more than it saves, on several above it (measured: 4 rows 0.03 ms batched vs 0.04 ms in
-a Python loop, 56 rows 0.28 vs 0.37 ms). Token-level DFA matchers (fsm/backends/dfa_backend.py)
-copy their memoized rows. Other matchers (outlines-core) fill in a Python loop, or in Python
-threads for large batches (see benchmarks/bench_grammar.py).
+a Python loop, 56 rows 0.28 vs 0.37 ms). Other matchers (outlines-core, llguidance) fill in a
+Python loop, or in Python threads for large batches (see benchmarks/bench_grammar.py).
 """
 from __future__ import annotations
 
@@ -56,7 +55,6 @@ def fill_bitmasks(items: list[tuple[Matcher, int]], bitmask: torch.Tensor, *,
                                  num_threads if len(items) >= min_parallel_rows else 1, pending)
     if bans is None:
         apply_bans(bitmask, pending)
-    items = _fill_dfa_batch(items, bitmask)
     if num_threads <= 1 or len(items) < max(2, min_parallel_rows):
         for matcher, row in items:
             matcher.fill_bitmask(bitmask, row)
@@ -143,18 +141,6 @@ def _fill_xgrammar_batch(items: list[tuple[Matcher, int]], bitmask: torch.Tensor
         return []
     done = {id(m) for m, _ in batch}
     return [(m, row) for m, row in items if id(m) not in done]
-
-
-def _fill_dfa_batch(items: list[tuple[Matcher, int]],
-                    bitmask: torch.Tensor) -> list[tuple[Matcher, int]]:
-    """Copy the memoized rows of DFA matchers (a copy each: no threads); returns the others."""
-    from guided.fsm.backends.dfa_backend import DfaMatcher, fill_dfa_rows
-
-    dfa = [(m, row) for m, row in items if type(m) is DfaMatcher]
-    if not dfa:
-        return items
-    fill_dfa_rows(dfa, bitmask)
-    return [(m, row) for m, row in items if type(m) is not DfaMatcher]
 
 
 def fill_draft_rows(entries: list[tuple[Matcher, list[int], int]], bitmask: torch.Tensor, *,

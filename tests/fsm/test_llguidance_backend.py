@@ -20,7 +20,7 @@ def compiler(tokenizer):
     from guided.fsm.compiler import GrammarCompiler
     from guided.fsm.settings import CompileSettings
 
-    c = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings(dfa_masks=False))
+    c = GrammarCompiler(tokenizer, vocab_size=49152, config=CompileSettings())
     yield c
     c.shutdown()
 

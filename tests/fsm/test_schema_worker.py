@@ -9,7 +9,7 @@ import pytest
 
 from guided.errors import ConstraintError
 from guided.fsm.compiler import GrammarCompiler
-from guided.fsm.schema_worker import SchemaWorkers, analyse
+from guided.fsm.schema_worker import SchemaWorkers, check
 from guided.fsm.settings import CompileSettings
 from guided.params import ConstraintSpec
 from guided.worker.loader import load_tokenizer
@@ -17,7 +17,7 @@ from guided.worker.loader import load_tokenizer
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0}},
           "required": ["name", "age"], "additionalProperties": False}
-# a bound on a non-integer number: not written as a regex, xgrammar's
+# a bound on a non-integer number
 BOUNDED = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5}},
            "required": ["x"]}
 # two patterns a key may both match, with different schemas
@@ -32,22 +32,17 @@ def workers():
     pool.shutdown()
 
 
-def test_workers_analyse_as_in_process(workers):
+def test_workers_check_as_in_process(workers):
     for schema in (PERSON, BOUNDED, True):
         value = json.dumps(schema)
-        for want_regex in (True, False):
-            assert workers.analyse(value, want_regex=want_regex) == analyse(
-                value, want_regex=want_regex)
-    person = workers.analyse(json.dumps(PERSON), want_regex=True)
-    assert person.regex is not None and person.size > 0
-    assert workers.analyse(json.dumps(BOUNDED), want_regex=True).regex is None
+        assert workers.check(value) == check(value)
 
 
 def test_workers_refuse_as_in_process(workers):
     with pytest.raises(ConstraintError) as in_process:
-        analyse(json.dumps(REFUSED), want_regex=True)
+        check(json.dumps(REFUSED))
     with pytest.raises(ConstraintError) as in_worker:
-        workers.analyse(json.dumps(REFUSED), want_regex=True)
+        workers.check(json.dumps(REFUSED))
     assert str(in_worker.value) == str(in_process.value)
     assert "patternProperties" in str(in_worker.value)
 
@@ -56,12 +51,12 @@ def test_a_dead_worker_is_replaced():
     pool = SchemaWorkers(1)
     try:
         value = json.dumps(PERSON)
-        want = analyse(value, want_regex=True)
-        assert pool.analyse(value, want_regex=True) == want
+        want = check(value)
+        assert pool.check(value) == want
         (worker,) = pool._all
         worker.kill()
         worker.wait()
-        assert pool.analyse(value, want_regex=True) == want  # answered by a new worker
+        assert pool.check(value) == want  # answered by a new worker
         assert len(pool._all) == 2 and pool._all[1].poll() is None
     finally:
         pool.shutdown()
@@ -73,7 +68,7 @@ def test_compiler_with_schema_processes_serves_the_same_grammars():
                                  config=CompileSettings(schema_processes=n))
                  for n in (0, 1)]
     try:
-        for schema, backend in ((PERSON, "dfa"), (BOUNDED, "xgrammar")):
+        for schema, backend in ((PERSON, "xgrammar"), (BOUNDED, "xgrammar")):
             spec = ConstraintSpec.json_schema(schema)
             assert [c.compile(spec, timeout=120).backend for c in compilers] == [backend] * 2
         errors = []

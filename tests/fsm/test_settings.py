@@ -34,9 +34,9 @@ def test_for_host_derives_every_host_default_once():
     gpu = CompileSettings.for_host(any_whitespace=False, compile_timeout_s=5, on_gpu=True,
                                    num_cpus=16)
     assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes,
-            gpu.xgrammar_threads, gpu.dfa_max_size) == (True, 12, 4, 8, 0)
+            gpu.xgrammar_threads) == (True, 12, 4, 8)
     cpu = CompileSettings.for_host(any_whitespace=True, compile_timeout_s=5, on_gpu=False,
                                    num_cpus=16)
     assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes,
-            cpu.xgrammar_threads, cpu.dfa_max_size) == (False, 4, 0, 1, 1000)
+            cpu.xgrammar_threads) == (False, 4, 0, 1)
     assert cpu.any_whitespace and cpu.compile_timeout_s == 5

@@ -46,11 +46,12 @@ def test_no_false_accepts_on_sample(sample, tokenizer):
     assert rejected <= 0.3 * valid, [o.false_rejects[:1] for o in accepted if o.false_rejects]
 
 
-def test_the_dfa_path_has_no_false_accepts_and_its_random_outputs_validate(sample, tokenizer):
-    """The token-level DFA (compact separators): labelled invalid instances refused, and random
-    outputs drawn from its own masks validate against their schemas."""
+def test_compact_grammars_have_no_false_accepts_and_their_random_outputs_validate(sample,
+                                                                                 tokenizer):
+    """Compact separators (the engine's default): labelled invalid instances refused, and
+    random outputs drawn from the grammar's own masks validate against their schemas."""
     checker = Checker("bytes", any_whitespace=False, max_whitespace=2, timeout_s=20,
-                      tokenizer=tokenizer, dfa=True, walks=3)
+                      tokenizer=tokenizer, walks=3)
     try:
         outcomes = [checker.run(case) for case in sample]
     finally:

@@ -78,13 +78,12 @@ def test_rewrites_leave_ascii_and_literals_alone():
 
 @pytest.fixture(scope="module")
 def walk_compiler(tokenizer):
-    """As the engine compiles, but xgrammar for every schema (the DFA and llguidance had no
-    such defect)."""
+    """As the engine compiles, but xgrammar for every schema (llguidance had no such defect)."""
     from guided.fsm.compiler import GrammarCompiler
     from guided.fsm.settings import CompileSettings
 
     c = GrammarCompiler(tokenizer, vocab_size=49152,
-                        config=CompileSettings(dfa_masks=False, llguidance=False))
+                        config=CompileSettings(llguidance=False))
     yield c
     c.shutdown()
 

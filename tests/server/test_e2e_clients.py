@@ -2,8 +2,6 @@
 real server and model; every constrained output validated, every refusal a 400 naming the field."""
 from __future__ import annotations
 
-import dataclasses
-
 import json
 import re
 
@@ -187,55 +185,6 @@ def test_logit_bias_and_min_tokens_are_applied(server_url, client):
 
 
 # ---- one language per constraint ------------------------------------------------------------
-
-COLD_WARM = [
-    {"type": "object", "properties": {
-        "city": {"type": "string"}, "population": {"type": "integer"},
-        "area_km2": {"type": "number"}, "capital": {"type": "boolean"},
-        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
-     "required": ["city", "population", "area_km2", "capital", "languages"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {
-        "method": {"enum": ["GET", "POST"]}, "headers": {
-            "type": "object", "additionalProperties": {"type": "string", "maxLength": 24},
-            "maxProperties": 3}}, "required": ["method", "headers"]},
-]
-
-
-@pytest.mark.parametrize("schema,cpu_backend", zip(COLD_WARM, ["dfa", "xgrammar"]),
-                         ids=["city", "http_headers"])
-def test_same_output_whichever_backend_serves(schema, cpu_backend):
-    """The same greedy request served as on the CPU (a regular schema's token-level DFA) and as
-    on a GPU host (xgrammar's grammar: dfa_max_size 0) gives the same output: every backend
-    that may serve a schema enforces the same language."""
-    from guided.fsm.compiler import GrammarCompiler
-    from guided.llm import LLM
-    from guided.params import ConstraintSpec, SamplingParams
-
-    llm = LLM()
-    engine = llm.engine
-    try:
-        params = SamplingParams(json_schema=schema, temperature=0, max_tokens=80)
-        messages = [[{"role": "user", "content": "Describe Paris as JSON."}]]
-        outputs, backends = [], []
-        for max_size in (engine.compile_settings.dfa_max_size, 0):
-            if engine.compile_settings.dfa_max_size != max_size:  # the GPU host's compiler
-                engine.compile_settings = dataclasses.replace(engine.compile_settings,
-                                                              dfa_max_size=max_size)
-                engine.compiler.shutdown()
-                engine._compiler = GrammarCompiler(engine.tokenizer, vocab_size=engine.vocab_size,
-                                                   config=engine.compile_settings)
-            [out] = llm.chat(messages, params)
-            outputs.append(out)
-            spec = ConstraintSpec.json_schema(schema)
-            backends.append(engine.compiler.submit(spec).result(60).backend)
-        assert backends == [cpu_backend, "xgrammar"]
-        assert outputs[0].text == outputs[1].text, (outputs[0].text, outputs[1].text)
-        if outputs[0].finish_reason == "stop":
-            jsonschema.validate(json.loads(outputs[0].text), schema)
-    finally:
-        engine.shutdown()
-
 
 LARK_SQL = """
 start: select_statement
