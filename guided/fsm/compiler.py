@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
-    backend: str  # "xgrammar" | "outlines" | "llguidance"
+    backend: str  # "xgrammar" | "llguidance"
     _make_matcher: Callable[[], Matcher] = field(repr=False)
 
     def matcher(self) -> Matcher:
@@ -77,8 +77,7 @@ class GrammarCompiler:
         self._tokenizer = tokenizer  # llguidance builds its own from it (on first use)
         self._llguidance = None
         self._xgrammar = XGrammarBackend(self.vocab, config)
-        self._outlines = None
-        self._outlines_lock = threading.Lock()
+        self._llguidance_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, _Compile] = OrderedDict()
         self._lock = threading.Lock()
         idle = config.compile_sched_idle
@@ -196,22 +195,17 @@ class GrammarCompiler:
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
-        from guided.fsm.backends.outlines_backend import OutlinesMatcher
-        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
+        from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, choice_regex
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
-        if spec.kind == "choice":
-            backend = self._outlines_backend()
+        if spec.kind == "choice":  # xgrammar's regex index: 18 ms for 64 options, outlines-core 1 s
             options = json.loads(spec.value)
             if not isinstance(options, list) or not options or not all(
                     isinstance(o, str) and o for o in options):
                 raise ConstraintError("choice must be a non-empty list of non-empty strings")
-            index = backend.compile_choice(spec.value)
-            seconds = time.perf_counter() - start
-            return CompiledGrammar(spec, seconds, "outlines",
-                                   lambda: OutlinesMatcher(index, backend))
-        if spec.kind == "json_schema":  # a refusal raises ConstraintError
+            recipe = xg.recipe("regex", choice_regex(options))
+        elif spec.kind == "json_schema":  # a refusal raises ConstraintError
             schema = (check(spec.value) if self._schema_workers is None
                       else self._schema_workers.check(spec.value))
             if (self.config.llguidance and self._tokenizer is not None
@@ -247,7 +241,7 @@ class GrammarCompiler:
         if restated is None:
             return None
         try:
-            with self._outlines_lock:
+            with self._llguidance_lock:
                 if self._llguidance is None:
                     self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
             backend = self._llguidance
@@ -257,14 +251,6 @@ class GrammarCompiler:
             return None
         return CompiledGrammar(spec, time.perf_counter() - start, "llguidance",
                                lambda: LLGuidanceMatcher(initial, backend))
-
-    def _outlines_backend(self):
-        from guided.fsm.backends.outlines_backend import OutlinesBackend
-
-        with self._outlines_lock:
-            if self._outlines is None:
-                self._outlines = OutlinesBackend(self.vocab)
-            return self._outlines
 
 
 def quick_problem(spec: ConstraintSpec) -> str | None:

@@ -3,7 +3,7 @@
 xgrammar matchers go to xgrammar's BatchGrammarMatcher, which fills all rows in one C++ call
 (no Python per row): on one thread below PARALLEL_THRESHOLD rows, where a thread hand-off
 costs more than it saves, on several above it (measured: 4 rows 0.03 ms batched vs 0.04 ms in
-a Python loop, 56 rows 0.28 vs 0.37 ms). Other matchers (outlines-core, llguidance) fill in a
+a Python loop, 56 rows 0.28 vs 0.37 ms). Other matchers (llguidance) fill in a
 Python loop, or in Python threads for large batches (see benchmarks/bench_grammar.py).
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ def _inner_format(kwargs: dict) -> dict[str, Any]:
     if "regex" in kwargs:
         return {"type": "regex", "pattern": kwargs["regex"]}
     if "choice" in kwargs:
-        from guided.fsm.backends.outlines_backend import choice_regex
+        from guided.fsm.backends.xgrammar_backend import choice_regex
 
         return {"type": "regex", "pattern": choice_regex(kwargs["choice"])}
     if "grammar" in kwargs:

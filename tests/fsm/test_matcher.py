@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import string
+
 import pytest
 import torch
 
@@ -58,7 +60,7 @@ def test_accepts_valid_rejects_invalid(compiler, tokenizer, spec, good, bad):
     assert not m.accept_token(EOS)
     bad_matcher = grammar.matcher()
     assert not (feed(bad_matcher, tokenizer, bad) and bad_matcher.accept_token(EOS))
-    assert grammar.matcher().accept_bytes(good.encode()) or grammar.backend == "outlines"
+    assert grammar.matcher().accept_bytes(good.encode())
 
 
 def test_eos_not_allowed_mid_grammar(compiler, tokenizer):
@@ -115,17 +117,29 @@ def test_forced_strings_compact(tokenizer):
         c.shutdown()
 
 
+def test_choice_options_with_regex_syntax_match_literally(compiler):
+    options = [string.punctuation, "a.b", "x(y)?", "日本 語"]
+    grammar = compiler.compile(ConstraintSpec.choice(options), timeout=60)
+    for option in options:
+        m = grammar.matcher()
+        assert m.accept_bytes(option.encode()) and m.accept_token(EOS), option
+    for near in ("a-b", "x(y)", "xy", string.punctuation[:-1]):
+        m = grammar.matcher()
+        assert not (m.accept_bytes(near.encode()) and m.accept_token(EOS)), near
+
+
 def test_forced_strings_choice_and_regex_multibyte(compiler, tokenizer, vocab):
     m = compiler.compile(ConstraintSpec.choice(["Paris", "London", "日本語"]), timeout=60).matcher()
     assert m.forced_string() == b""
     assert feed(m, tokenizer, "Lon")
     assert m.forced_string() == b"don"
-    # a token that ends inside a UTF-8 character: the pending bytes complete it
+    # a token that ends inside a UTF-8 character: nothing is forced mid-character (jump-forward
+    # drafts whole characters only), the rest is still accepted
     m = compiler.compile(ConstraintSpec.choice(["日本語", "x"]), timeout=60).matcher()
     partial = [i for i, t in enumerate(vocab.token_bytes) if t == "日".encode()[:2]]
     if partial:
-        assert m.accept_token(partial[0])
-        assert m.forced_string() == "日本語".encode()[2:]
+        assert m.accept_token(partial[0]) and m.forced_string() == b""
+        assert m.accept_bytes("日本語".encode()[2:]) and m.accept_token(EOS)
     m = compiler.compile(ConstraintSpec("regex", "(héllo|日本)"), timeout=60).matcher()
     assert feed(m, tokenizer, "h") and m.forced_string() == "éllo".encode()
 

@@ -40,21 +40,21 @@ def test_choice_stays_in_the_list_as_the_cli_runs_it():
     import random
     import time
 
-    from guided.fsm.backends import outlines_backend
+    from guided.fsm.backends import xgrammar_backend
     from guided.llm import LLM
     from guided.params import SamplingParams
 
     out = generate("--chat", "--choice", "yes,no")
     assert out.returncode == 0 and out.stdout.strip() in ("yes", "no"), out
-    compile_choice = outlines_backend.OutlinesBackend.compile_choice
+    compile_recipe = xgrammar_backend.XGrammarBackend.compile
     rng = random.Random(0)
 
-    def late_compile(self, choices):
+    def late_compile(self, recipe):
         time.sleep(rng.choice([0.0, 0.0, 0.01, 0.05, 0.2]))
-        return compile_choice(self, choices)
+        return compile_recipe(self, recipe)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(outlines_backend.OutlinesBackend, "compile_choice", late_compile)
+    mp.setattr(xgrammar_backend.XGrammarBackend, "compile", late_compile)
     try:
         llm = LLM()
         texts = []

@@ -39,6 +39,15 @@ def token_ban(banned: frozenset[int], vocab_size: int) -> TokenBan:
     return TokenBan(words, banned, columns, words.numpy()[columns])
 
 
+_REGEX_META = frozenset(r"\.+*?()|[]{}^$")
+
+
+def choice_regex(options: list[str]) -> str:
+    """The regex that matches exactly one of the options (a `choice` constraint)."""
+    return "(" + "|".join("".join("\\" + c if c in _REGEX_META else c for c in option)
+                          for option in options) + ")"
+
+
 class Recipe(NamedTuple):
     """What an xgrammar grammar is compiled from (the compile cache and the schema workers
     speak of grammars by their recipe)."""
