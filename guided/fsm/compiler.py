@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.backends.llguidance_backend import prefers_llguidance
+from guided.fsm.grammar_bounds import schema_problem
 from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import check
@@ -38,7 +39,7 @@ from guided.params import ConstraintSpec
 
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
 MAX_QUEUED_COMPILES = 256
-# regexes and grammars up to this long have their bounds checked at submit (milliseconds)
+# regexes, grammars and schemas up to this long have their bounds checked at submit (ms)
 QUICK_CHECK_CHARS = 2000
 log = logging.getLogger(__name__)
 
@@ -254,13 +255,16 @@ class GrammarCompiler:
 
 
 def quick_problem(spec: ConstraintSpec) -> str | None:
-    """Why a short regex or grammar can never end or matches nothing, found structurally in
-    milliseconds without compiling; else None. Asked on the caller's thread (queued behind
-    compiles on a busy host, a niced pool thread took seconds to say so), and by the server
-    before the request queues for the engine (a round trip to a busy engine process and its
-    admission queue took ~0.7 s of the 400)."""
-    if spec.kind in ("regex", "grammar") and len(spec.value) <= QUICK_CHECK_CHARS and not (
-            spec.kind == "grammar" and is_lark(spec.value)):
+    """Why a short regex, grammar or JSON schema can never end or matches nothing, found
+    structurally in milliseconds without compiling; else None. Asked on the caller's thread
+    (queued behind compiles on a busy host, a niced pool thread took seconds to say so), and by
+    the server before the request queues for the engine (a round trip to a busy engine process
+    and its admission queue took ~0.7 s of the 400)."""
+    if len(spec.value) > QUICK_CHECK_CHARS:
+        return None
+    if spec.kind == "json_schema":
+        return schema_problem(spec.value)
+    if spec.kind == "regex" or spec.kind == "grammar" and not is_lark(spec.value):
         from guided.fsm.backends.xgrammar_backend import Recipe, bounds_problem
 
         return bounds_problem(Recipe(spec.kind, spec.value))

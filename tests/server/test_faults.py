@@ -275,10 +275,12 @@ def test_the_openai_client_retries_a_429_after_its_retry_after(url):
 
 
 def test_a_grammar_that_never_ends_is_a_400_at_the_door_of_a_full_server(url):
-    """Refused structurally before the admission queue (which, full, would answer a 429), and
-    the streams running meanwhile go on."""
+    """A grammar, regex or schema that never ends: refused structurally before the admission
+    queue (which, full, would answer a 429), and the streams running meanwhile go on."""
     with full_server(url) as blockers:
-        for field, value in (("grammar", 'root ::= "a" root'), ("regex", "[^\\s\\S]")):
+        for field, value in (("grammar", 'root ::= "a" root'), ("regex", "[^\\s\\S]"),
+                             ("json_schema", {"type": "object", "required": ["a"],
+                                              "properties": {"a": {"$ref": "#"}}})):
             r = httpx.post(url + CHAT, json=long_chat(**{field: value}), timeout=60)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         seen = [len(b.events) for b in blockers]
