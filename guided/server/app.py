@@ -21,7 +21,12 @@ from guided.fsm.compiler import quick_problem
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
-from guided.server.admission import Admission, QueueFullError, register_metrics
+from guided.server.admission import (
+    Admission,
+    QueueFullError,
+    capacity_for,
+    register_metrics,
+)
 from guided.server.auth import ApiKeyMiddleware
 from guided.server.door import MAX_BODY_BYTES, BodyTooLarge, clip, read_json
 from guided.server.jobs import (
@@ -91,8 +96,8 @@ class Server:
         self.texts = TokenTexts(self.tokenizer)
         self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
         # the engine runs max_num_seqs at once: more would only share its steps thinner
-        self.admission = Admission(core.config.max_num_seqs,
-                                   max_waiting=min(self.max_choices, 4 * core.config.max_num_seqs))
+        capacity = capacity_for(core.device, core.config.max_num_seqs)
+        self.admission = Admission(capacity, max_waiting=min(self.max_choices, 4 * capacity))
         if chat_template is not None:  # guided serve --chat-template
             self.tokenizer.chat_template = chat_template
         template = getattr(self.tokenizer, "chat_template", None)

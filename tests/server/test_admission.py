@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from guided.server.admission import MAX_RETRY_AFTER_S, Admission, QueueFullError
+from guided.server.admission import (
+    CPU_REQUESTS_PER_CORE,
+    MAX_RETRY_AFTER_S,
+    Admission,
+    QueueFullError,
+    capacity_for,
+)
 
 
 def run(coro):
@@ -125,3 +131,9 @@ def test_a_cancelled_waiter_leaves_and_a_kept_slot_is_released_by_its_stream():
         assert gate.in_flight == 0
 
     run(main())
+
+
+def test_a_cpu_admits_a_few_requests_per_core_and_a_gpu_max_num_seqs():
+    assert capacity_for("cpu", 256, num_cpus=2) == 2 * CPU_REQUESTS_PER_CORE
+    assert capacity_for("cpu", 4, num_cpus=2) == 4  # a smaller max_num_seqs holds
+    assert capacity_for("cuda:0", 256, num_cpus=2) == 256
