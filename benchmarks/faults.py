@@ -17,6 +17,7 @@ a storm of 64 large new schemas (quick 503s, a small new schema compiles within 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -93,25 +95,32 @@ class Server:
 
 
 class Streams:
-    """n streamed chats in the background; the largest gap between chunks of any of them."""
+    """n streamed chats in the background; the largest gap between chunks of any of them
+    (join: they run to their end; stop: they are cut once the fault they watched is over)."""
 
-    def __init__(self, server: Server, n: int = 2, max_tokens: int = 400):
+    def __init__(self, server: Server, n: int = 2, max_tokens: int = 2000):
         self.server, self.gaps, self.ends, self.errors = server, [], [], 0
+        self.done, self.decoding = threading.Event(), threading.Semaphore(0)
         self.threads = [threading.Thread(target=self._run, args=(max_tokens,)) for _ in range(n)]
         for t in self.threads:
             t.start()
-        time.sleep(3)  # past their prefill
+        for _ in self.threads:  # each past its prefill, decoding (a loaded host: minutes)
+            self.decoding.acquire(timeout=300)
 
     def _run(self, max_tokens: int) -> None:
         body = chat(max_tokens=max_tokens, ignore_eos=True, stream=True)
         last, lines = None, []
         with self.server.http.stream("POST", CHAT, json=body) as r:
             for line in r.iter_lines():
+                if self.done.is_set():
+                    break
                 if not line:
                     continue
                 now = time.monotonic()
-                if last is not None:
+                if len(lines) >= 2:  # not the wait for the first token: the prefill
                     self.gaps.append(now - last)
+                if len(lines) == 2:
+                    self.decoding.release()
                 last = now
                 lines.append(line)
                 self.errors += '"finish_reason": "error"' in line
@@ -121,6 +130,10 @@ class Streams:
         for t in self.threads:
             t.join()
         return max(self.gaps, default=0.0)
+
+    def stop(self) -> float:
+        self.done.set()
+        return self.join()
 
 
 def timed(fn):
@@ -142,7 +155,8 @@ def check_grammar(s: Server) -> list[tuple]:
         r, seconds = timed(lambda body=body: s.http.post(CHAT, json=body))
         rows.append((name, "400 within 1 s", f"{r.status_code} in {seconds:.2f} s",
                      r.status_code == 400 and seconds < 1.0))
-    gap = streams.join()
+    time.sleep(2)
+    gap = streams.stop()
     rows.append(("streams meanwhile", "largest chunk gap < 2 s", f"{gap:.2f} s", gap < 2.0))
     return rows
 
@@ -152,8 +166,8 @@ def check_door(s: Server) -> list[tuple]:
     streams = Streams(s, n=1, max_tokens=100)
     for seed in (-1, 2 ** 63):
         r = s.http.post(CHAT, json=chat(seed=seed))
-        rows.append((f"seed {seed}", "400 naming seed", f"{r.status_code} "
-                     f"{r.json()['error'].get('param')}", r.status_code == 400))
+        rows.append((f"seed {seed}", "400 naming seed", (f"{r.status_code} "
+                     f"{r.json()['error'].get('param')}"), r.status_code == 400))
     streams.join()
     rows.append(("a stream beside the bad seeds", "ends with [DONE]", str(streams.ends),
                  streams.ends == ["data: [DONE]"]))
@@ -172,28 +186,40 @@ def check_door(s: Server) -> list[tuple]:
     return rows
 
 
-def check_big_body(s: Server) -> list[tuple]:
+@contextlib.contextmanager
+def health_polled(s: Server) -> Iterator[list[float]]:
+    """The latencies of /health, polled every 20 ms while the block runs."""
     latencies, done = [], threading.Event()
 
     def poll():
         while not done.is_set():
-            _, seconds = timed(s.health)
-            latencies.append(seconds)
+            latencies.append(timed(s.health)[1])
             time.sleep(0.02)
 
     poller = threading.Thread(target=poll)
     poller.start()
-    time.sleep(0.2)
-    body = json.dumps(chat("word " * (2 * 2 ** 20))).encode()  # 10 MB of message
-    r, seconds = timed(lambda: s.http.post(CHAT, content=body,
-                                           headers={"content-type": "application/json"}))
-    time.sleep(0.2)
-    done.set()
-    poller.join()
+    try:
+        yield latencies
+    finally:
+        done.set()
+        poller.join()
+
+
+def health_row(latencies: list[float]) -> tuple:
     worst = max(latencies)
+    return ("/health meanwhile", "< 100 ms", f"max {worst * 1e3:.0f} ms of {len(latencies)}",
+            worst < 0.1)
+
+
+def check_big_body(s: Server) -> list[tuple]:
+    body = json.dumps(chat("word " * (2 * 2 ** 20))).encode()  # 10 MB of message
+    with health_polled(s) as latencies:
+        time.sleep(0.2)
+        r, seconds = timed(lambda: s.http.post(CHAT, content=body,
+                                               headers={"content-type": "application/json"}))
+        time.sleep(0.2)
     return [("10 MB body", "400", f"{r.status_code} in {seconds:.2f} s", r.status_code == 400),
-            ("/health meanwhile", "< 100 ms", f"max {worst * 1e3:.0f} ms of {len(latencies)}",
-             worst < 0.1)]
+            health_row(latencies)]
 
 
 def check_auth_and_slowloris(s: Server) -> list[tuple]:
@@ -245,7 +271,7 @@ def check_compile_timeout(s: Server, timeout_s: float) -> list[tuple]:
         time.sleep(2)
     rows.append(("once the background compile ends", "200 (cache filled)",
                  f"{status} after {time.monotonic() - start:.0f} s", status == 200))
-    gap = streams.join()
+    gap = streams.stop()
     rows.append(("streams meanwhile", "largest chunk gap < 2 s", f"{gap:.2f} s", gap < 2.0))
     return rows
 
@@ -267,7 +293,7 @@ def check_storm(s: Server, timeout_s: float) -> list[tuple]:
     small = chat(json_schema={"type": "object", "properties": {
         f"k{random.randrange(10 ** 9)}": {"type": "integer"}}, "required": ["k"]})
     r, small_s = timed(lambda: s.http.post(CHAT, json=small))
-    gap = streams.join()
+    gap = streams.stop()
     statuses = [code for code, _, _ in results]
     counts = {code: statuses.count(code) for code in sorted(set(statuses))}
     refusals = sorted(t for code, _, t in results if code == 503)
@@ -295,7 +321,7 @@ def check_clients(s: Server) -> list[tuple]:
         except httpx.HTTPError as e:
             return type(e).__name__, time.monotonic() - start
 
-    with ThreadPoolExecutor(CLIENTS) as pool:
+    with ThreadPoolExecutor(CLIENTS) as pool, health_polled(s) as latencies:
         results, seconds = timed(lambda: list(pool.map(one, range(CLIENTS))))
     ok = sorted(t for code, t in results if code == 200)
     refused = sorted(t for code, t in results if code in (429, 503))
@@ -304,13 +330,13 @@ def check_clients(s: Server) -> list[tuple]:
     slowest = max(ok + refused, default=0.0)
     median = refused[len(refused) // 2] if refused else 0.0
     return [(f"{CLIENTS} concurrent clients", "each 200, 429 or 503, none lost",
-             f"{len(ok)} x 200, {codes[429]} x 429, {codes[503]} x 503, lost: {lost} "
-             f"in {seconds:.0f} s", not lost),
+             (f"{len(ok)} x 200, {codes[429]} x 429, {codes[503]} x 503, lost: {lost} "
+             f"in {seconds:.0f} s"), not lost),
             ("their refusals", "median < 1 s, none past the 30 s queue timeout",
              f"median {median:.2f} s, slowest {max(refused, default=0.0):.1f} s",
              median < 1.0 and max(refused, default=0.0) <= 35.0),
             ("nothing hangs", "every answer within 60 s", f"slowest {slowest:.1f} s",
-             slowest < 60.0)]
+             slowest < 60.0), health_row(latencies)]
 
 
 def check_engine_death(s: Server, sig: int) -> list[tuple]:
