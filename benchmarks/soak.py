@@ -238,23 +238,20 @@ async def idle_metrics(client: httpx.AsyncClient, timeout_s: float = 60.0) -> di
 
 
 def rss_mib(pid: int | None) -> float | None:
-    if pid is None:
+    """The RSS of pid and its descendants (the server, its engine process and theirs)."""
+    if pid is None or not Path(f"/proc/{pid}").exists():
         return None
-    try:
-        import psutil
-
-        return psutil.Process(pid).memory_info().rss / 2 ** 20
-    except ImportError:
-        pass
-    except Exception:  # noqa: BLE001 - the process is gone
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    kib, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:  # ended meanwhile
+            continue
+        kib += next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+        stack.extend(map(int, children))
+    return kib / 1024
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -317,7 +314,7 @@ def report(tally: Tally, elapsed: float, end: dict[str, float], rss_start: float
         ("latency p50 / p99 (completed)", latency),
         ("KV blocks in use after idle", kv),
         ("requests running / waiting after idle", idle),
-        ("server RSS start → end", growth),
+        ("server + engine RSS start → end", growth),
     ]
     print("\n| soak | value |\n|---|---|")
     for name, value in rows:
@@ -354,7 +351,7 @@ def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="a running server (default: launch one)")
-    parser.add_argument("--pid", type=int, help="the --url server's pid, for its RSS")
+    parser.add_argument("--pid", type=int, help="the --url server's pid, for its (and its engine's) RSS")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--bad-fraction", type=float, default=0.1)
