@@ -28,7 +28,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from guided.errors import InvalidRequestError
+from guided.errors import ConstraintError, InvalidRequestError
+from guided.fsm.schema_check import check_schema
 from guided.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -170,6 +171,10 @@ def _function(tool: Tool, index: int) -> dict[str, Any]:
         raise InvalidRequestError(
             f'a function\'s parameters must be a JSON schema of type "object"; got type '
             f"{json.dumps(kind)[:100]}", param=f"tools[{index}].function.parameters")
+    try:  # here, so that the 400 names the tool and a pointer into its own parameters
+        check_schema(params)
+    except ConstraintError as e:
+        raise InvalidRequestError(str(e), param=f"tools[{index}].function.parameters") from None
     return {"name": tool.function.name, "description": tool.function.description or "",
             "parameters": params}
 

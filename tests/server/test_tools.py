@@ -92,6 +92,16 @@ def test_parameters_that_are_not_an_object_schema_are_refused(params):
     assert error.value.param == "tools[1].function.parameters"
 
 
+def test_an_invalid_parameters_schema_is_refused_naming_the_tool():
+    """SGLang's function-calling test sends `"type": "int"` (OpenAI refuses it too): the 400
+    points into that tool's parameters, not into the request's wrapped call schema."""
+    bad = {"type": "object", "properties": {"a": {"type": "int"}}}
+    for choice in ("auto", "required", named("f")):
+        with pytest.raises(InvalidRequestError, match="at /properties/a/type") as error:
+            plan_tools(tools(("add", ADD), ("f", bad)), choice)
+        assert error.value.param == "tools[1].function.parameters"
+
+
 def test_auto_schema_admits_calls_arrays_and_text():
     schema = plan_tools(TOOLS, "auto", True).constraint["json_schema"]
     jsonschema.validate({"name": "add", "parameters": {"a": 1, "b": 2}}, schema)
