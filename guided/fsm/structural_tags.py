@@ -7,8 +7,10 @@ tag, whose content then follows its JSON schema, until the tag's end. Two forms 
   carry schemas as `{"type": "json_schema", "json_schema": {...}}`.
 
 Every schema inside is checked like a response_format's (schema_check: refused keywords are a
-400, never silently ignored by xgrammar) and replaced by its rewritten form; xgrammar compiles
-the result (xgrammar_backend.grammar_of)."""
+400, never silently ignored by xgrammar) and replaced by its rewritten form, its whitespace runs
+bounded unless the tag bounds them itself (xgrammar's default is unbounded: a small model looped
+on newlines); the legacy form becomes the newer one; xgrammar compiles the result
+(xgrammar_backend.grammar_of)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,9 @@ from typing import Any
 
 from guided.errors import ConstraintError
 from guided.fsm.schema_check import check_schema
+from guided.fsm.settings import CompileSettings
+
+MAX_WHITESPACE = CompileSettings().max_whitespace  # as the JSON of any_whitespace schemas
 
 
 def checked_structural_tag(value: str) -> str:
@@ -42,7 +47,7 @@ def _legacy(tag: dict) -> dict:
     if not isinstance(triggers, list) or not triggers or not all(
             isinstance(t, str) and t for t in triggers):
         raise ConstraintError("structural_tag.triggers must be a non-empty list of strings")
-    out = []
+    tags = []
     for i, s in enumerate(structures):
         if not isinstance(s, dict) or not all(isinstance(s.get(k), str) for k in ("begin", "end")):
             raise ConstraintError(f"structural_tag.structures[{i}] needs begin and end strings")
@@ -50,9 +55,11 @@ def _legacy(tag: dict) -> dict:
             raise ConstraintError(f"structural_tag.structures[{i}].begin {s['begin']!r} starts "
                                   f"with none of the triggers {triggers}")
         schema = s.get("schema", s.get("parameters", {}))
-        out.append({"begin": s["begin"], "schema": _checked(schema, f"structures[{i}]"),
-                    "end": s["end"]})
-    return {"structures": out, "triggers": triggers}
+        tags.append({"type": "tag", "begin": s["begin"], "end": s["end"], "content": {
+            "type": "json_schema", "json_schema": _checked(schema, f"structures[{i}]"),
+            "max_whitespace_cnt": MAX_WHITESPACE}})
+    return {"type": "structural_tag", "format": {"type": "triggered_tags",
+                                                 "triggers": triggers, "tags": tags}}
 
 
 def _checked_formats(node: Any) -> Any:
@@ -61,7 +68,8 @@ def _checked_formats(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     if node.get("type") == "json_schema" and "json_schema" in node:
-        return {**node, "json_schema": _checked(node["json_schema"], "format")}
+        return {"max_whitespace_cnt": MAX_WHITESPACE, **node,
+                "json_schema": _checked(node["json_schema"], "format")}
     return {k: _checked_formats(v) for k, v in node.items()}
 
 

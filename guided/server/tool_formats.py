@@ -16,10 +16,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# a call's arguments in structural tags: whitespace bounded as in the JSON-first constraint's
-# alternative (fsm/settings.py max_whitespace), so a small model cannot loop on newlines
-MAX_WHITESPACE = 2
-
 
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
@@ -32,8 +28,7 @@ class ToolFormat:
 
     def call_tag(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"type": "tag", "begin": self.begin + name + self.args_field,
-                "content": {"type": "json_schema", "json_schema": parameters,
-                            "max_whitespace_cnt": MAX_WHITESPACE},
+                "content": {"type": "json_schema", "json_schema": parameters},
                 "end": self.end}
 
 

@@ -36,6 +36,19 @@ def test_free_text_then_tagged_json(tag, begin, end):
     assert not accepts(tag, f'{begin}{{"city": "Oslo", "x": 1}}{end}')
 
 
+@pytest.mark.parametrize("tag,begin,end", [(LEGACY, "<function=get_weather>", "</function>"),
+                                           (FORMAT, "<tool>", "</tool>")])
+def test_whitespace_inside_a_tag_is_bounded(tag, begin, end):
+    """xgrammar's default inside a tag is any whitespace: SGLang's structural-tag test got
+    indented JSON, where a small model can loop on newlines."""
+    assert accepts(tag, f'{begin}{{\n "city": "Oslo"\n}}{end}')
+    assert not accepts(tag, f'{begin}{{\n\n\n"city": "Oslo"}}{end}')
+    own = {"type": "structural_tag", "format": {**FORMAT["format"], "tags": [{
+        **FORMAT["format"]["tags"][0], "content": {"type": "json_schema", "json_schema": WEATHER,
+                                                    "max_whitespace_cnt": 4}}]}}
+    assert accepts(own, '<tool>{\n\n\n"city": "Oslo"}</tool>')  # the client's own bound wins
+
+
 @pytest.mark.parametrize("tag,words", [
     ({"structures": [{"begin": "<a>", "schema": {"not": {"type": "string"}, "type": "integer",
                                                    "uniqueItems": True}, "end": "</a>"}],

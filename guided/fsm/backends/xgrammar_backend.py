@@ -57,14 +57,6 @@ class Recipe(NamedTuple):
     max_whitespace: int = 2
 
 
-def _structural_tag_grammar(tag: dict) -> xgr.Grammar:
-    if "structures" in tag:  # the legacy form vLLM and SGLang document
-        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),
-                                       end=s["end"]) for s in tag["structures"]]
-        return xgr.Grammar.from_structural_tag(items, tag["triggers"])
-    return xgr.Grammar.from_structural_tag(tag)
-
-
 def grammar_of(recipe: Recipe) -> xgr.Grammar:
     """The recipe's grammar, its classes admitting valid UTF-8 only (utf8_classes.py) and long
     counted strings compiled as character budgets (char_budgets.py). Raises xgrammar's
@@ -82,7 +74,7 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
     elif recipe.kind == "grammar":
         grammar = xgr.Grammar.from_ebnf(recipe.source, root_rule_name="root")
     elif recipe.kind == "structural_tag":  # checked by fsm/structural_tags.py
-        grammar = _structural_tag_grammar(json.loads(recipe.source))
+        grammar = xgr.Grammar.from_structural_tag(json.loads(recipe.source))
     else:
         raise ValueError(f"no xgrammar recipe for {recipe.kind!r}")
     text = str(grammar)
