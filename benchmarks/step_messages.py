@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "worke
 
 from test_messages import decode_step
 
-from guided.worker.messages import Launch, MaskSlot, Sample, decode, encode
+from guided.worker.multiproc import Launch, MaskSlot, Sample, decode, encode
 from guided.worker.shared_bitmasks import MaskReader, SharedBitmasks
 
 CONTEXT_LEN = 2048  # tokens per request: 129 block-table entries a row

@@ -33,8 +33,7 @@ from guided.scheduler.output import RowMap, build_output
 from guided.scheduler.request import Request, RequestStatus
 from guided.scheduler.scheduler import ScheduledRequest, Scheduler, StepPlan
 from guided.worker import loader
-from guided.worker.executor import make_executor
-from guided.worker.model_runner import resolve_device
+from guided.worker.model_runner import make_executor, resolve_device
 from guided.worker.step_io import RunnerOutput, SampledTokens
 from guided.worker.step_times import StepTimes
 

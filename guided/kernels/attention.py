@@ -17,23 +17,10 @@ prefill kernel tiles queries of one request against kv tiles gathered through th
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 from guided.kernels.attention_ref import paged_attention_ref, write_kv_ref  # noqa: F401
-
-try:  # CPU-only installs may lack triton: the references (attention_ref.py) still work.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
-
-
-# --------------------------------------------------------------------------------------------
-# Triton kernels
-# --------------------------------------------------------------------------------------------
 
 if triton is not None:
 
@@ -188,11 +175,6 @@ if triton is not None:
                  o.to(out_ptr.dtype.element_ty), mask=i_mask[:, None])
 
 
-# --------------------------------------------------------------------------------------------
-# checked launcher
-# --------------------------------------------------------------------------------------------
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # batches whose longest query is at most this many tokens (decode, verification of drafts, short
 # chunks) run on the split-K kernel, which reads each K/V tile once per kv head for all of a
 # request's query tokens; longer ones on the flash-attention kernel. Measured on an H200 (RESULTS,
@@ -205,20 +187,10 @@ _TL_DTYPES = ({torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.flo
               if triton is not None else {})
 
 
-def _use_triton(t: torch.Tensor) -> bool:
-    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return False
-    if triton is None:
-        if t.device.type == "cpu":
-            return False
-        raise RuntimeError(f"triton is not installed: paged attention needs it on {t.device}")
-    return True
-
-
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            block_tables: torch.Tensor, query_start_loc: torch.Tensor,
            seq_lens: torch.Tensor) -> None:
-    if q.dim() != 3 or q.dtype not in _FLOAT_DTYPES:
+    if q.dim() != 3 or q.dtype not in FLOAT_DTYPES:
         raise ValueError(f"q must be [T, Hq, D] float32/bfloat16/float16, got {tuple(q.shape)} "
                          f"{q.dtype}")
     head_dim = q.shape[2]
@@ -279,7 +251,7 @@ def paged_attention(
     num_splits forces the decode kernel's partitions per context (None: fill the GPU).
     """
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
-    if not _use_triton(q):
+    if not use_triton(q):
         return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                                    scale=scale, max_query_len=max_query_len)
     num_tokens, num_heads, head_dim = q.shape

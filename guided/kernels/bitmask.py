@@ -23,28 +23,15 @@ best scores are within ~1e-6 of each other.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # CPU-only installs may lack triton: the references (bitmask_ref.py) still work.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
-
+from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 from guided.kernels.bitmask_ref import (  # noqa: F401 - the references, exported here too
-    GREEDY_EPS,
     allowed_mask_ref,
     apply_token_bitmask_ref_,
     gumbel_noise_ref,
     masked_sample_ref,
 )
-
-# --------------------------------------------------------------------------------------------
-# Triton kernels
-# --------------------------------------------------------------------------------------------
 
 if triton is not None:
 
@@ -153,29 +140,16 @@ if triton is not None:
         tl.store(row_ptr + cols, tl.where(allowed, x, float("-inf")), mask=in_range)
 
 
-# --------------------------------------------------------------------------------------------
-# checked launchers
-# --------------------------------------------------------------------------------------------
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SAMPLE_BLOCK = 1024
 _SPLITS_BLOCK = 128  # splits reduced at a time (_argmax_splits_kernel)
 _APPLY_BLOCK = 2048
 
 
-def _use_triton(t: torch.Tensor) -> bool:
-    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return False
-    if triton is None:
-        if t.device.type == "cpu":
-            return False
-        raise RuntimeError("triton is not installed: the bitmask kernels need it on " + str(t.device))
-    return True
-
-
-def _check_common(logits: torch.Tensor, bitmask: torch.Tensor | None,
-                  mask_rows: torch.Tensor | None, vocab_size: int) -> None:
-    if logits.dim() != 2 or logits.dtype not in _FLOAT_DTYPES:
+def _checked_mask_rows(logits: torch.Tensor, bitmask: torch.Tensor | None,
+                      mask_rows: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """Raises on a bad input; the mask rows to launch with (None beside a bitmask: row b reads
+    bitmask row b)."""
+    if logits.dim() != 2 or logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be a 2-D float32/bfloat16/float16 tensor, got "
                          f"{tuple(logits.shape)} {logits.dtype}")
     if logits.stride(1) != 1:
@@ -201,6 +175,12 @@ def _check_common(logits: torch.Tensor, bitmask: torch.Tensor | None,
                              f"got {tuple(mask_rows.shape)} {mask_rows.dtype}")
         if mask_rows.device != logits.device:
             raise ValueError(f"mask_rows is on {mask_rows.device}, logits on {logits.device}")
+    elif bitmask is not None:
+        if bitmask.shape[0] < logits.shape[0]:
+            raise ValueError(f"mask_rows=None needs one bitmask row per logits row: "
+                             f"{bitmask.shape[0]} < {logits.shape[0]}")
+        mask_rows = torch.arange(logits.shape[0], dtype=torch.int32, device=logits.device)
+    return mask_rows
 
 
 def _default_num_splits(num_rows: int, num_cols: int, device: torch.device) -> int:
@@ -229,19 +209,14 @@ def masked_sample(
     row b (M >= B), None without one = all unconstrained; temperature [B] float32 (<= 1e-5:
     greedy); seeds [B] int64. num_splits: vocab chunks per row (None: chosen to fill the GPU).
     """
-    _check_common(logits, bitmask, mask_rows, vocab_size)
+    mask_rows = _checked_mask_rows(logits, bitmask, mask_rows, vocab_size)
     num_rows = logits.shape[0]
     for name, t, dtype in (("temperature", temperature, torch.float32),
                            ("seeds", seeds, torch.int64)):
         if t.shape != (num_rows,) or t.dtype != dtype or t.device != logits.device:
             raise ValueError(f"{name} must be a {dtype} tensor of shape [{num_rows}] on "
                              f"{logits.device}, got {tuple(t.shape)} {t.dtype} on {t.device}")
-    if bitmask is not None and mask_rows is None:
-        if bitmask.shape[0] < num_rows:
-            raise ValueError(f"mask_rows=None needs one bitmask row per logits row: "
-                             f"{bitmask.shape[0]} < {num_rows}")
-        mask_rows = torch.arange(num_rows, dtype=torch.int32, device=logits.device)
-    if not _use_triton(logits):
+    if not use_triton(logits):
         return masked_sample_ref(logits, bitmask, mask_rows, temperature, seeds,
                                  vocab_size=vocab_size)
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)  # [B]
@@ -282,16 +257,9 @@ def apply_token_bitmask_(
     """In place: logits[b, j] = -inf where token j is disallowed by bitmask row mask_rows[b] or
     j >= vocab_size; rows with mask_rows -1 get only the padded columns masked. mask_rows None:
     row b uses bitmask row b."""
-    if bitmask is None:
-        raise ValueError("bitmask is required (use mask_rows -1 for unconstrained rows)")
-    _check_common(logits, bitmask, mask_rows, vocab_size)
+    mask_rows = _checked_mask_rows(logits, bitmask, mask_rows, vocab_size)
     num_rows, num_cols = logits.shape
-    if mask_rows is None:
-        if bitmask.shape[0] < num_rows:
-            raise ValueError(f"mask_rows=None needs one bitmask row per logits row: "
-                             f"{bitmask.shape[0]} < {num_rows}")
-        mask_rows = torch.arange(num_rows, dtype=torch.int32, device=logits.device)
-    if not _use_triton(logits):
+    if not use_triton(logits):
         apply_token_bitmask_ref_(logits, bitmask, mask_rows, vocab_size=vocab_size)
         return
     if num_rows == 0:

@@ -1,21 +1,15 @@
 """CUDA graphs of the forward pass, so a step costs one launch instead of hundreds:
 
-- decode graphs (every request has one new token), one per padded batch size, on the split-K
-  decode kernel;
-- verify graphs (every request has 1..MAX_QUERY_LEN tokens: the last sampled token plus
-  jump-forward drafts), one per padded token count, on the split-K kernel (it takes a
-  request's query tokens together). Without them a step with drafts would fall back to eager
-  launches, which costs more than the drafts save;
-- prefill graphs (any query lengths: prompts, chunks of them, mixed with decoding requests),
-  one per padded token count, on the varlen kernel launched for the longest query the count
-  allows (programs past their request's query end return at once). An eager step launches
-  every op of every layer from Python whatever its size, against a replay's one launch; under
-  continuous batching nearly every arrival costs such a step.
+- decode graphs (one new token per request), one per padded batch size, split-K kernel;
+- verify graphs (1..MAX_QUERY_LEN tokens per request: the last sampled token plus drafts), one
+  per padded token count, split-K kernel; eager launches would cost more than the drafts save;
+- prefill graphs (any query lengths, mixed with decoding requests), one per padded token count,
+  on the varlen kernel launched for the longest query the count allows. Under continuous
+  batching nearly every arrival costs such a step, which eager would launch op by op.
 
 Padding never touches a request's cache: padding tokens write to a scratch block no request
-owns, and padding requests (at most MAX_QUERY_LEN tokens each in verify graphs, PREFILL_PAD
-in prefill graphs) read only that block.
-"""
+owns, and padding requests (<= MAX_QUERY_LEN tokens each in verify graphs, PREFILL_PAD in
+prefill graphs) read only that block."""
 from __future__ import annotations
 
 import logging
@@ -23,7 +17,7 @@ import time
 
 import torch
 
-from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker.models.llama import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +130,7 @@ class StepGraphs:
 
     def pick(self, meta: AttentionMetadata, num_tokens: int, *, has_drafts: bool = True
              ) -> tuple[str, int] | None:
-        """The graph that can run this step, or None (eager): decode graphs for one token per
-        request, verify graphs for steps with jump-forward drafts (up to MAX_QUERY_LEN tokens per
-        request), prefill graphs for the rest."""
+        """The (kind, padded size) of the graph that can run this step, or None (eager)."""
         num_reqs = meta.seq_lens.shape[0]
         if meta.block_tables.shape[1] > self.max_blocks:
             return None
@@ -161,9 +153,9 @@ class StepGraphs:
         return min(self.prefill_slots, num_tokens)
 
     def run(self, key: tuple[str, int], input_ids: torch.Tensor, positions: torch.Tensor,
-            meta: AttentionMetadata, query_lens: list[int]) -> torch.Tensor:
+            meta: AttentionMetadata) -> torch.Tensor:
         kind, padded = key
-        t, b = input_ids.shape[0], len(query_lens)
+        t, b = input_ids.shape[0], meta.seq_lens.shape[0]
         width = meta.block_tables.shape[1]
         self.input_ids[:t].copy_(input_ids, non_blocking=True)
         self.positions[:t].copy_(positions, non_blocking=True)

@@ -15,8 +15,13 @@ import torch
 
 from guided.worker.gguf_file import GgufReader, gguf_config, read_gguf_weights
 from guided.worker.model_config import ModelConfig, synthetic_config
-from guided.worker.models.weights import (MissingWeight, Piece, RandomWeights, WeightReader,
-                                          check_shape)
+from guided.worker.models.weights import (
+    MissingWeight,
+    Piece,
+    RandomWeights,
+    WeightReader,
+    check_shape,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,29 +1,29 @@
-"""The worker: owns the model and its KV cache on one device; turns a SchedulerOutput into
-tensors, queues the forward pass, and samples it under the step's masks (StepMasks). It knows no
-request, grammar or scheduler: everything it needs comes in those two values."""
+"""The worker: owns the model and its KV cache on one device; runs each step it is handed (a
+SchedulerOutput, then its StepMasks) and keeps the steps in flight. It knows no request, grammar
+or scheduler: everything it needs comes in those two values."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
 from guided.config import EngineConfig
 from guided.scheduler.output import SchedulerOutput
-from guided.worker.attention_metadata import AttentionMetadata
+from guided.worker import loader
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
-from guided.worker.distributed import SINGLE, ParallelContext, rank_device
-from guided.worker.host_bitmasks import HostBitmasks
-from guided.worker.host_lists import list_tensor
 from guided.worker.model_config import ModelConfig
-from guided.worker.models.llama import build_model
+from guided.worker.models.llama import AttentionMetadata, build_model
+from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 from guided.worker.models.weights import WeightReader
-from guided.worker.sampler import sample_on_device
-from guided.worker.step_io import LaunchedStep, SampledStep, StepInputs, StepMasks
+from guided.worker.sampler import DeviceSample, SamplingRows, list_tensor, sample_on_device
+from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
 
 log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 1 << 30  # the KV cache on the CPU, unless num_kv_blocks says otherwise
+MIN_MASK_ROWS = 64
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
@@ -38,10 +38,18 @@ def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, config.dtype)
 
 
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # (N,) rows of the packed batch that are sampled
+
+
 class ModelRunner:
     """One rank's worker: the whole model at ctx.world_size 1, else rank ctx.rank's shard of it
     (models/parallel.py) with the KV cache of its KV heads; the logits and the samples are whole
-    and equal on every rank."""
+    and equal on every rank. One step is launched and not yet sampled at a time."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, reader: WeightReader, *,
                  vocab_size: int, ctx: ParallelContext = SINGLE,
@@ -77,7 +85,12 @@ class ModelRunner:
                               device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
-        self._bitmasks = HostBitmasks(self.mask_words, self.device)
+        # host mask buffers taken in turn, each reused once its last copy to the device has run:
+        # a fresh pinned tensor per step is a page-locking allocation on the step's critical
+        # path (~2.5 ms a step under a profiler on an H200 at concurrency 64)
+        self._mask_buffers: list[torch.Tensor | None] = [None, None]
+        self._mask_copied: list[torch.cuda.Event | None] = [None, None]
+        self._next_mask = 0
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
@@ -88,6 +101,8 @@ class ModelRunner:
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
                 block_size=self.block_size, scratch_block=self.num_blocks, device=self.device,
                 max_step_tokens=config.max_num_batched_tokens)
+        self._launched: tuple[SamplingRows, torch.Tensor | None] | None = None  # rows, logits
+        self._last_sampled: DeviceSample | None = None  # its ids feed the next placeholders
 
     def kv_bytes_per_block(self) -> int:
         """This rank's bytes of one KV block (its KV heads only)."""
@@ -124,83 +139,148 @@ class ModelRunner:
             budget = CPU_KV_CACHE_BYTES
         return max(int(budget // per_block), 0)
 
-    # -- one step -----------------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """The step's tensors, their copies to the device queued."""
-        dev = self.device
-        query_lens = out.query_lens
-        meta = AttentionMetadata(
-            slot_mapping=list_tensor(out.slot_mapping, torch.int64).to(dev, non_blocking=True),
-            block_tables=list_tensor(out.block_tables, torch.int32).to(dev, non_blocking=True),
-            query_start_loc=list_tensor(out.query_start_loc, torch.int32).to(
-                dev, non_blocking=True),
-            seq_lens=list_tensor(out.seq_lens, torch.int32).to(dev, non_blocking=True),
-            max_query_len=max(query_lens),
-            max_seq_len=max(out.seq_lens),
-            use_triton=self.use_triton,
-        )
-        return StepInputs(
-            input_ids=list_tensor(out.input_ids, torch.int64).to(dev, non_blocking=True),
-            positions=list_tensor(out.positions, torch.int64).to(dev, non_blocking=True),
-            meta=meta,
-            logits_indices=list_tensor(out.logits_indices, torch.int64).to(
-                dev, non_blocking=True),
-            rows=out.sampling, query_lens=query_lens, has_drafts=out.has_drafts,
-            placeholder_index=out.placeholder_index, placeholder_row=out.placeholder_row)
-
-    def new_bitmask(self, num_rows: int) -> torch.Tensor:
-        """A host buffer of num_rows mask rows to fill (reused once its last copy has run)."""
-        return self._bitmasks.take(num_rows)
-
-    @torch.inference_mode()
-    def launch(self, inputs: StepInputs, previous: torch.Tensor | None = None) -> LaunchedStep:
-        """Queue the forward pass and the logits. previous: the last step's sampled ids on the
-        device, where the placeholder inputs come from (queued after that step's sampling)."""
-        with self.times.phase("forward_launch"):
-            if inputs.placeholder_index:
-                index = list_tensor(inputs.placeholder_index, torch.int64)
-                rows = list_tensor(inputs.placeholder_row, torch.int64)
-                inputs.input_ids[index.to(self.device, non_blocking=True)] = previous[
-                    rows.to(self.device, non_blocking=True)]
-            hidden = self._forward(inputs)
-            logits = None
-            if inputs.logits_indices.numel():
-                logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
-        return LaunchedStep(inputs, logits)
-
-    @torch.inference_mode()
-    def sample(self, launched: LaunchedStep, masks: StepMasks | None) -> SampledStep:
-        """Queue the masked sampling and the copy of its ids to the host (not waited for)."""
-        if launched.logits is None:
-            return SampledStep(launched.inputs, None)
-        bitmask = mask_rows = None
-        if masks is not None and masks.bitmask.shape[0]:
-            with self.times.phase("mask_upload"):
-                bitmask = self._bitmasks.to_device(masks.bitmask)
-                mask_rows = list_tensor(masks.mask_rows, torch.int32).to(self.device,
-                                                                         non_blocking=True)
-        with self.times.phase("sample_launch"):
-            samples = sample_on_device(launched.logits, launched.inputs.rows, bitmask,
-                                       mask_rows, vocab_size=self.vocab_size)
-        return SampledStep(launched.inputs, samples)
-
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """The hidden states, from a CUDA graph where one fits."""
-        meta = inputs.meta
-        num_tokens = inputs.input_ids.shape[0]
-        key = None if self.graphs is None else self.graphs.pick(
-            meta, num_tokens, has_drafts=inputs.has_drafts)
-        if key is not None:
-            self.times.count(f"graph_{key[0]}")
-            return self.graphs.run(key, inputs.input_ids, inputs.positions, meta,
-                                   inputs.query_lens)
-        self.times.count("eager")
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
-
     @property
     def max_draft_tokens(self) -> int | None:
         """Drafts per request that keep a verify step inside a CUDA graph (None: no limit)."""
         return None if self.graphs is None else MAX_QUERY_LEN - 1
 
+    # -- one step -----------------------------------------------------------------------------
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        return list_tensor(values, dtype).to(self.device, non_blocking=True)
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's tensors, their copies to the device queued."""
+        meta = AttentionMetadata(
+            slot_mapping=self._to_device(out.slot_mapping, torch.int64),
+            block_tables=self._to_device(out.block_tables, torch.int32),
+            query_start_loc=self._to_device(out.query_start_loc, torch.int32),
+            seq_lens=self._to_device(out.seq_lens, torch.int32),
+            max_query_len=max(out.query_lens), max_seq_len=max(out.seq_lens),
+            use_triton=self.use_triton)
+        return StepInputs(self._to_device(out.input_ids, torch.int64),
+                          self._to_device(out.positions, torch.int64), meta,
+                          self._to_device(out.logits_indices, torch.int64))
+
+    def launch(self, out: SchedulerOutput) -> None:
+        """Queue the step's forward pass and logits (not waited for). Its placeholder inputs
+        are the last sampled step's ids, on the device (queued after that step's sampling)."""
+        if self._launched is not None:
+            raise RuntimeError("a step is launched and not sampled yet")
+        with self.times.phase("prepare"):
+            inputs = self.prepare(out)
+        with torch.inference_mode(), self.times.phase("forward_launch"):
+            if out.placeholder_index:
+                index = self._to_device(out.placeholder_index, torch.int64)
+                rows = self._to_device(out.placeholder_row, torch.int64)
+                inputs.input_ids[index] = self._last_sampled.token_ids[rows]
+            hidden = self._forward(inputs, has_drafts=out.has_drafts)
+            logits = None
+            if out.logits_indices:
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
+        self._launched = (out.sampling, logits)
+
+    def _forward(self, inputs: StepInputs, *, has_drafts: bool) -> torch.Tensor:
+        """The hidden states, from a CUDA graph where one fits."""
+        meta, num_tokens = inputs.meta, inputs.input_ids.shape[0]
+        key = None if self.graphs is None else self.graphs.pick(meta, num_tokens,
+                                                                has_drafts=has_drafts)
+        if key is not None:
+            self.times.count(f"graph_{key[0]}")
+            return self.graphs.run(key, inputs.input_ids, inputs.positions, meta)
+        self.times.count("eager")
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
+
+    def new_bitmask(self, num_rows: int) -> torch.Tensor:
+        """An int32 (num_rows, mask_words) host buffer to fill; its old contents are garbage."""
+        slot = self._next_mask
+        self._next_mask = (slot + 1) % len(self._mask_buffers)
+        copied, self._mask_copied[slot] = self._mask_copied[slot], None
+        if copied is not None:
+            copied.synchronize()
+        buffer = self._mask_buffers[slot]
+        if buffer is None or buffer.shape[0] < num_rows:
+            capacity = max(MIN_MASK_ROWS, 1 << (num_rows - 1).bit_length())
+            # a normal tensor: the filler thread is outside inference mode (it is thread-local)
+            with torch.inference_mode(False):
+                buffer = self._mask_buffers[slot] = torch.empty(
+                    capacity, self.mask_words, dtype=torch.int32,
+                    pin_memory=self.device.type == "cuda")
+        return buffer[:num_rows]
+
+    def _mask_to_device(self, rows: torch.Tensor) -> torch.Tensor:
+        """Queue rows' copy to the device; the buffer they came from waits for it."""
+        if self.device.type != "cuda":
+            return rows
+        on_device = rows.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        storage = rows.untyped_storage().data_ptr()
+        for slot, buffer in enumerate(self._mask_buffers):
+            if buffer is not None and buffer.untyped_storage().data_ptr() == storage:
+                self._mask_copied[slot] = event
+        return on_device
+
+    @torch.inference_mode()
+    def sample(self, masks: StepMasks | None) -> DeviceSample:
+        """Queue the launched step's masked sampling and the copy of its ids to the host."""
+        if self._launched is None:
+            raise RuntimeError("nothing launched to sample")
+        (rows, logits), self._launched = self._launched, None
+        if logits is None:
+            self._last_sampled = DeviceSample(torch.empty(0, dtype=torch.int64), [], None, [])
+            return self._last_sampled
+        bitmask = mask_rows = None
+        if masks is not None and masks.bitmask.shape[0]:
+            with self.times.phase("mask_upload"):
+                bitmask = self._mask_to_device(masks.bitmask)
+                mask_rows = self._to_device(masks.mask_rows, torch.int32)
+        with self.times.phase("sample_launch"):
+            self._last_sampled = sample_on_device(logits, rows, bitmask, mask_rows,
+                                                  vocab_size=self.vocab_size)
+        return self._last_sampled
+
+    def forget(self) -> None:
+        """After a failed step: nothing in flight any more."""
+        self._launched = self._last_sampled = None
+
     def shutdown(self) -> None:
         """Nothing to stop: the runner holds memory only."""
+
+
+def make_executor(config: EngineConfig, model_config: ModelConfig, *, vocab_size: int,
+                  step_times: StepTimes):
+    """LocalExecutor at tensor_parallel_size 1, else one worker process per rank."""
+    if config.tensor_parallel_size == 1:
+        reader = loader.weight_reader(config.model, config.seed)
+        return LocalExecutor(ModelRunner(config, model_config, reader, vocab_size=vocab_size,
+                                         step_times=step_times))
+    from guided.worker.multiproc import MultiprocExecutor  # it imports this module
+
+    return MultiprocExecutor(config, model_config, vocab_size=vocab_size, step_times=step_times)
+
+
+class LocalExecutor:
+    """tensor_parallel_size 1: the engine drives the one runner in its own process (no process
+    hop on the step's path); MultiprocExecutor (worker/multiproc.py) takes the same calls to one
+    process per rank. Both say what the engine sizes itself by."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.num_blocks, self.max_model_len = runner.num_blocks, runner.max_model_len
+        self.max_draft_tokens = runner.max_draft_tokens
+        self.device, self.dtype = str(runner.device), str(runner.dtype).removeprefix("torch.")
+
+    def launch(self, out: SchedulerOutput) -> None:
+        self.runner.launch(out)
+
+    def new_bitmask(self, num_rows: int) -> torch.Tensor:
+        return self.runner.new_bitmask(num_rows)
+
+    def sample(self, masks: StepMasks | None) -> DeviceSample:
+        return self.runner.sample(masks)
+
+    def forget(self) -> None:
+        self.runner.forget()
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()

@@ -1,9 +1,13 @@
-"""The executor of tensor_parallel_size > 1: one worker process per rank (worker/rank_process.py),
-each step's two values sent to every rank, the tokens read back from rank 0.
+"""The executor of tensor_parallel_size > 1: one worker process per rank (worker/rank_process.py)
+and the typed messages they exchange, each pickled once and written to every rank's pipe.
 
-    engine --Launch(step, SchedulerOutput)--> rank 0 .. N-1   (pickled once, one pipe per rank)
-    engine --fills mask rows--> shared memory slot; --Sample(step, MaskSlot)--> every rank
-    rank 0 --Sampled(step, RunnerOutput)--> engine
+    engine -> every rank:  WorkerSpec once, then per step Launch(step, SchedulerOutput) and
+                           Sample(step, MaskSlot | None); Forget after a failed step; Stop
+    every rank -> engine:  Ready once; Failed(rank, error) when it cannot go on
+    rank 0 -> engine:      Sampled(step, RunnerOutput) per step
+
+A step's bitmask rows do not travel in Sample: the engine fills them straight into a slot of
+shared memory (worker/shared_bitmasks.py) and Sample names the slot.
 
 The ranks join over env:// (MASTER_ADDR / MASTER_PORT from the environment where set, else this
 host and a free port; RANK / WORLD_SIZE / LOCAL_RANK per rank, as torchrun sets them). Waiting on
@@ -15,11 +19,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import pickle
 import socket
 import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -29,19 +35,6 @@ from guided.config import EngineConfig
 from guided.errors import EngineDeadError
 from guided.scheduler.output import SchedulerOutput
 from guided.worker import loader
-from guided.worker.messages import (
-    Failed,
-    Forget,
-    Launch,
-    MaskSlot,
-    Ready,
-    Sample,
-    Sampled,
-    Stop,
-    WorkerSpec,
-    decode,
-    encode,
-)
 from guided.worker.model_config import ModelConfig
 from guided.worker.model_runner import resolve_device
 from guided.worker.shared_bitmasks import SharedBitmasks
@@ -52,6 +45,86 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 900.0  # building a 70B shard and capturing its graphs takes minutes
 STOP_GRACE_S = 10.0  # a rank told to stop leaves the group and exits; past this it is killed
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What a rank is started with (its first message): it builds its shard from these."""
+    config: EngineConfig
+    model_config: ModelConfig
+    vocab_size: int
+    rank: int
+    world_size: int
+    masks_path: str  # the shared segment of the ranks' mask counters (shared_bitmasks.py)
+    log_level: int
+
+
+@dataclass(frozen=True, slots=True)
+class MaskSlot:
+    """Where a step's bitmask rows lie: rows [0, num_rows) of slot `slot`'s shared segment,
+    the file `path` (a slot's segment is replaced when it grows)."""
+    slot: int
+    path: str
+    num_rows: int
+    mask_rows: list[int]  # (N,) each sampled row's bitmask row, -1: unconstrained
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    step: int
+    out: SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    step: int  # the launched step this samples
+    masks: MaskSlot | None
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """A step failed on the engine's side: drop the steps in flight (launched, last sampled)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Leave the process group and exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A rank has built its shard and its KV cache (num_blocks: agreed over all ranks)."""
+    rank: int
+    num_blocks: int
+    max_model_len: int
+    max_draft_tokens: int | None
+    device: str
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    step: int
+    output: RunnerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    rank: int
+    error: str  # "ExceptionType: message"
+
+
+ToWorker = WorkerSpec | Launch | Sample | Forget | Stop
+FromWorker = Ready | Sampled | Failed
+
+
+def encode(message: ToWorker | FromWorker) -> bytes:
+    """Pickled once, written to each rank's pipe as bytes."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> ToWorker | FromWorker:
+    return pickle.loads(data)
 
 
 class WorkerDied(EngineDeadError):
@@ -120,14 +193,11 @@ class MultiprocExecutor:
             self.shutdown()
             raise
         self._masks.unlink_counters()  # every rank has them mapped
-        first = ready[0]
-        if len({r.num_blocks for r in ready}) != 1:  # model_runner's all_min: never seen
-            raise WorkerDied(f"the ranks disagree on KV blocks: {[r.num_blocks for r in ready]}")
+        first = ready[0]  # num_blocks: the least any rank has room for (ModelRunner)
         self.num_blocks, self.max_model_len = first.num_blocks, first.max_model_len
         self.max_draft_tokens = first.max_draft_tokens
         self.device, self.dtype = first.device, first.dtype
 
-    # -- the step -----------------------------------------------------------------------------
     def launch(self, out: SchedulerOutput) -> None:
         if self._launched:
             raise RuntimeError("a step is launched and not sampled yet")
@@ -160,7 +230,6 @@ class MultiprocExecutor:
         if self._error is None:
             self._broadcast(Forget())
 
-    # -- the ranks ----------------------------------------------------------------------------
     def _broadcast(self, message) -> None:
         self._check_alive()
         with self.times.phase("send"):
@@ -293,7 +362,7 @@ def rank_env(rank: int, world_size: int, device_type: str, master_port: str
     env = dict(os.environ)
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.update(MASTER_PORT=master_port, RANK=str(rank), WORLD_SIZE=str(world_size),
-               LOCAL_RANK=str(rank), NCCL_NVLS_ENABLE="0")
+               LOCAL_RANK=str(rank))
     if device_type == "cpu":  # torch's threads: the host's cores shared out between the ranks
         env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // world_size))
     # the ranks import the same guided as this process

@@ -19,11 +19,10 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
-import torch
-
 from guided.worker import loader
-from guided.worker.distributed import destroy_distributed, init_distributed, rank_device
-from guided.worker.messages import (
+from guided.worker.model_runner import LocalExecutor, ModelRunner, resolve_device
+from guided.worker.models.parallel import destroy_distributed, init_distributed, rank_device
+from guided.worker.multiproc import (
     Failed,
     Forget,
     Launch,
@@ -35,9 +34,8 @@ from guided.worker.messages import (
     decode,
     encode,
 )
-from guided.worker.model_runner import ModelRunner, resolve_device
 from guided.worker.shared_bitmasks import MaskReader
-from guided.worker.step_io import LaunchedStep, SampledStep, StepMasks
+from guided.worker.step_io import StepMasks
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +59,12 @@ class RankWorker:
         self.conn = conn
         self._send_lock = threading.Lock()
         device = resolve_device(spec.config)
-        if device.type == "cpu":  # the host's cores shared out between the ranks
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // spec.world_size))
         self.ctx = init_distributed(rank_device(device.type))
         self.runner = ModelRunner(spec.config, spec.model_config,
                                   loader.weight_reader(spec.config.model, spec.config.seed),
                                   vocab_size=spec.vocab_size, ctx=self.ctx)
         self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
                                 spec.world_size)
-        self._launched: tuple[int, LaunchedStep] | None = None
-        self._last_sampled: SampledStep | None = None
         # rank 0 on a GPU: the tokens go back from a thread, so that waiting for step t's
         # tokens never holds up the launch of t+1 (the engine sends it meanwhile)
         self._outbox: queue.Queue | None = None
@@ -84,38 +78,25 @@ class RankWorker:
             self.conn.send_bytes(encode(message))
 
     def ready(self) -> Ready:
-        r = self.runner
-        return Ready(self.spec.rank, r.num_blocks, r.max_model_len, r.max_draft_tokens,
-                     str(r.device), str(r.dtype).removeprefix("torch."))
+        local = LocalExecutor(self.runner)
+        return Ready(self.spec.rank, local.num_blocks, local.max_model_len,
+                     local.max_draft_tokens, local.device, local.dtype)
 
     def serve(self) -> None:
         while True:
             message = decode(self.conn.recv_bytes())
             if isinstance(message, Launch):
-                self._launch(message)
+                self.runner.launch(message.out)
             elif isinstance(message, Sample):
                 self._sample(message)
             elif isinstance(message, Forget):
-                self._launched = self._last_sampled = None
+                self.runner.forget()
             elif isinstance(message, Stop):
                 return
             else:
                 raise TypeError(f"unexpected message {type(message).__name__}")
 
-    def _launch(self, message: Launch) -> None:
-        if self._launched is not None:
-            raise RuntimeError("a step is launched and not sampled yet")
-        out = message.out
-        previous = None
-        if out.placeholder_index:
-            previous = self._last_sampled.token_ids
-        inputs = self.runner.prepare(out)
-        self._launched = (message.step, self.runner.launch(inputs, previous))
-
     def _sample(self, message: Sample) -> None:
-        if self._launched is None or self._launched[0] != message.step:
-            raise RuntimeError(f"step {message.step} is sampled but not launched")
-        launched, self._launched = self._launched[1], None
         masks = None
         slot = message.masks
         if slot is not None:
@@ -124,13 +105,13 @@ class RankWorker:
             own.copy_(rows)  # out of the shared slot at once: the engine refills it
             self.masks.consumed(message.step)
             masks = StepMasks(own, slot.mask_rows)
-        self._last_sampled = self.runner.sample(launched, masks)
+        sampled = self.runner.sample(masks)
         if self.spec.rank != 0:
             return
         if self._outbox is None:
-            self.send(Sampled(message.step, self._last_sampled.result()))
+            self.send(Sampled(message.step, sampled.result()))
         else:
-            self._outbox.put((message.step, self._last_sampled))
+            self._outbox.put((message.step, sampled))
 
     def _send_results(self) -> None:
         while True:

@@ -3,19 +3,21 @@ top-k / top-p / min-p / penalties, both drawing the same seeded Gumbel noise, so
 tokens depend on its seed and position only (not on its batch, nor on jump-forward)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 
 from guided.kernels.bitmask import apply_token_bitmask_, gumbel_noise_ref, masked_sample
 from guided.scheduler.sampling_rows import SamplingRows
-from guided.worker.host_lists import list_tensor, to_pinned
+from guided.worker.step_io import RunnerOutput
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
 
 
-@dataclass(slots=True)
-class SamplerOutput:
-    token_ids: list[int]  # one per row
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]  # (sampled lp, top-k) per row
+def list_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+    """torch.tensor(values, dtype=dtype) at about a third of the cost for long lists: numpy
+    converts Python numbers without torch's per-element dispatch (a step at 256 requests builds
+    ~10 such tensors, a 256 x 48 block table among them)."""
+    return torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
 
 
 def apply_penalties_(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -39,8 +41,7 @@ def apply_penalties_(logits: torch.Tensor, rows: SamplingRows) -> None:
 
 
 def apply_logit_bias_(logits: torch.Tensor, rows: SamplingRows) -> None:
-    """OpenAI's logit_bias: each listed token's logit moved by its bias (ids past the logits'
-    width are not tokens of this model: skipped)."""
+    """OpenAI's logit_bias (ids past the logits' width are not tokens of this model: skipped)."""
     for i, bias in enumerate(rows.logit_bias or ()):
         if bias:
             ids = [t for t in bias if t < logits.shape[1]]
@@ -80,11 +81,11 @@ def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
 
 
 class DeviceSample:
-    """A step's samples still on the device; result() copies them to the host. The copy is
-    started at once (pinned buffer, non-blocking) so the host can do other work meanwhile, and
-    `token_ids` stays on the device for the next step's inputs (overlapped scheduling)."""
+    """A step's samples on the device, their copy to the host started at once (pinned buffer,
+    non-blocking) so the host can work meanwhile; result() waits for it. token_ids stays on the
+    device for the next step's placeholder inputs (overlapped scheduling)."""
 
-    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int] | None,
+    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int],
                  logprob_values: torch.Tensor | None, num_logprobs: list[int]):
         self.token_ids = token_ids  # (N,) int64 on the device
         self._logprob_rows = logprob_rows
@@ -92,11 +93,12 @@ class DeviceSample:
         self._num_logprobs = num_logprobs
         self._host, self._ready = token_ids, None
         if token_ids.is_cuda:
-            self._host = to_pinned(token_ids)
+            self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            self._host.copy_(token_ids, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record()
 
-    def result(self) -> SamplerOutput:
+    def result(self) -> RunnerOutput:
         if self._ready is not None:
             self._ready.synchronize()
         token_ids = self._host.tolist()
@@ -110,13 +112,7 @@ class DeviceSample:
                     vals, idx = torch.topk(lps[j], k)
                     top = list(zip(idx.tolist(), vals.tolist()))
                 logprobs[i] = (float(lps[j][token_ids[i]]), top)
-        return SamplerOutput(token_ids, logprobs)
-
-
-def sample(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
-           mask_rows: torch.Tensor | None, **kwargs) -> SamplerOutput:
-    """sample_on_device, then its result on the host."""
-    return sample_on_device(logits, rows, bitmask, mask_rows, **kwargs).result()
+        return RunnerOutput(token_ids, logprobs)
 
 
 def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,

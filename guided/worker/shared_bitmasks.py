@@ -1,5 +1,5 @@
 """A step's bitmask rows in shared memory: the engine's mask filler writes them once, straight
-into a segment every rank maps, and the step's Sample message only names it (messages.MaskSlot).
+into a segment every rank maps, and the step's Sample message only names it (MaskSlot).
 
     engine:  take(rows, step) -> a (rows, words) int32 view of slot k's segment to fill
     rank r:  read(slot) -> the view (copied out at once), then consumed(r, step)

@@ -122,7 +122,7 @@ def test_write_kv_ref_round_trips() -> None:
 
 
 def test_kernel_path_is_exercised(device: str) -> None:
-    assert attn._use_triton(torch.empty(1, device=device))
+    assert attn.use_triton(torch.empty(1, device=device))
 
 
 def test_launcher_rejects_bad_inputs(device: str) -> None:

@@ -254,5 +254,5 @@ def test_gpu_realistic_sizes(vocab_size: int, pad: int) -> None:
 
 def test_kernel_path_is_exercised(device: str) -> None:
     """On the CPU these tests must run the Triton kernels (interpreter), not the references."""
-    assert bm._use_triton(torch.empty(1, device=device))
+    assert bm.use_triton(torch.empty(1, device=device))
     assert "Interpret" in type(bm._masked_sample_kernel).__name__ or device == "cuda"

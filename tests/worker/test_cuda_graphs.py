@@ -7,6 +7,7 @@ import torch
 from guided import SamplingParams
 from guided.config import EngineConfig
 from guided.engine.core import Engine
+from guided.scheduler.output import build_output
 
 pytestmark = pytest.mark.gpu
 
@@ -27,14 +28,13 @@ def running_engine(prompts: list[list[int]]) -> Engine:
 
 def graph_vs_eager(engine: Engine, expected_kind: str) -> float:
     runner = engine.runner
-    sched = engine.scheduler.schedule()
-    inputs = runner.prepare(sched, [False] * len(sched.scheduled))
-    key = runner.graphs.pick(inputs.meta, inputs.input_ids.shape[0],
-                             has_drafts=inputs.has_drafts)
+    out, _ = build_output(engine.scheduler.schedule(), block_size=engine.config.block_size)
+    inputs = runner.prepare(out)
+    key = runner.graphs.pick(inputs.meta, inputs.input_ids.shape[0], has_drafts=out.has_drafts)
     assert key is not None and key[0] == expected_kind
     with torch.inference_mode():
-        graph_out = runner.graphs.run(key, inputs.input_ids, inputs.positions, inputs.meta,
-                                      inputs.query_lens).clone()
+        graph_out = runner.graphs.run(key, inputs.input_ids, inputs.positions,
+                                      inputs.meta).clone()
         # the graphs hold the fused (compiled) elementwise ops: compare like with like
         eager_out = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches,
                                  inputs.meta, fused=True)

@@ -1,5 +1,5 @@
 """guided.worker.sampler and scheduler/sampling_rows.py: seeded rows, the fused path and the
-torch path (filters, penalties) draw the same Gumbel noise."""
+torch path (filters, penalties) draw the same Gumbel noise; list_tensor equals torch.tensor."""
 from __future__ import annotations
 
 import pytest
@@ -73,3 +73,19 @@ def test_logit_bias_moves_its_tokens_and_min_tokens_bans_stops_unless_nothing_el
 class SimpleRows:
     def __init__(self, logit_bias, banned):
         self.logit_bias, self.banned = logit_bias, banned
+
+
+@pytest.mark.parametrize("values, dtype", [
+    ([0, 5, 2**63 - 1, 17], torch.int64),
+    ([[1, 2, 0], [3, 0, 0]], torch.int32),
+    ([0.0, 0.7, 1.5], torch.float32),
+    ([], torch.int64),
+])
+def test_list_tensor_equals_torch_tensor(values, dtype):
+    from guided.worker.sampler import list_tensor
+
+    ours, theirs = list_tensor(values, dtype), torch.tensor(values, dtype=dtype)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    assert torch.equal(ours, theirs)
+    with pytest.raises(OverflowError):
+        list_tensor([2**63], torch.int64)

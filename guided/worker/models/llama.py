@@ -3,23 +3,40 @@ cache: the whole model, or one tensor-parallel rank's shard of it (models/parall
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from guided.kernels.attention import paged_attention, paged_attention_ref
-from guided.worker.attention_metadata import AttentionMetadata
-from guided.worker.distributed import SINGLE, ParallelContext
+from guided.kernels.attention import paged_attention, paged_attention_ref, write_kv_ref
 from guided.worker.model_config import ModelConfig
 from guided.worker.models import ops
-from guided.worker.models.parallel import (ShardLayout, gather_logits, row_parallel_linear,
-                                           shard_layout, vocab_embedding)
-from guided.worker.models.weights import (Piece, RandomWeights, StateDictReader, WeightReader,
-                                          load_pieces)
+from guided.worker.models.parallel import (
+    SINGLE,
+    ParallelContext,
+    ShardLayout,
+    gather_logits,
+    row_parallel_linear,
+    shard_layout,
+    vocab_embedding,
+)
+from guided.worker.models.weights import Piece, WeightReader, load_pieces
 
 # each (num_blocks, block_size, num_kv_heads, head_dim); sharded: this rank's KV heads only
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """A step's attention inputs, shared by every layer (built once by the model runner)."""
+    slot_mapping: torch.Tensor  # (T,) int64: cache slot (block * block_size + offset) per new token
+    block_tables: torch.Tensor  # (B, max_blocks) int32
+    query_start_loc: torch.Tensor  # (B + 1,) int32: packed query offsets
+    seq_lens: torch.Tensor  # (B,) int32: kv length per request, new tokens included
+    max_query_len: int
+    max_seq_len: int
+    use_triton: bool  # False on the CPU: the torch reference serves
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -86,8 +103,7 @@ class Attention(nn.Module):
         k = ops.rope(positions, k.view(T, self.num_kv_heads, self.head_dim), rope.cos, rope.sin)
         v = v.view(T, self.num_kv_heads, self.head_dim)  # q (T, Hq, D); k, v (T, Hkv, D)
         k_cache, v_cache = kv_cache
-        k_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = k
-        v_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = v
+        write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
         attend = paged_attention if meta.use_triton else paged_attention_ref
         out = attend(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
                      scale=self.scale, max_query_len=meta.max_query_len,
@@ -117,8 +133,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, layout, ctx)
 
     def forward(self, h, residual, positions, rope, kv_cache, meta, ops):
-        """h: this layer's normed input; residual: the stream before it. Returns the next
-        layer's (normed input, residual) pair; the residual adds are fused into the norms."""
+        """h: this layer's normed input; residual: the stream before it (the residual adds are
+        fused into the norms)."""
         attn = self.self_attn(h, positions, rope, kv_cache, meta, ops)
         norm = self.post_attention_layernorm
         h, residual = ops.add_rms_norm(attn, residual, norm.weight, norm.eps)
@@ -171,18 +187,6 @@ class LlamaForCausalLM(nn.Module):
             return F.linear(hidden, weight)  # (N, V)
         return gather_logits(hidden, weight, self.config.vocab_size, self.ctx)
 
-    def load_weights(self, reader: WeightReader) -> None:
-        """This rank's slices of the checkpoint, read straight into the parameters."""
-        load_pieces(self, weight_pieces(self.config, self.layout), reader)
-
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load HF names, fusing q/k/v and gate/up into our single projections."""
-        self.load_weights(StateDictReader(state))
-
-    def init_random_(self, seed: int = 0) -> None:
-        """Synthetic models: N(0, 0.02) weights, unit norms; for speed and memory, not quality."""
-        self.load_weights(RandomWeights(seed))
-
 
 def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece]]:
     """Our parameter name -> the HF checkpoint slices it is made of, for this rank's layout:
@@ -221,17 +225,12 @@ def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece
 def build_model(cfg: ModelConfig, reader: WeightReader, *, device: torch.device,
                 dtype: torch.dtype, ctx: ParallelContext = SINGLE) -> LlamaForCausalLM:
     """Rank ctx.rank's shard of the model (the whole model at world size 1) on device, its
-    parameters allocated once in dtype and filled from reader (loader.weight_reader).
-
-    A rank's runner then: allocates its KV cache for its own heads, per layer (k, v) of
-    (num_blocks, block_size, model.layout.num_kv_heads, head_dim), with one num_blocks on every
-    rank (ctx.all_min of what each has room for: an uneven head split differs in bytes per
-    block); runs forward() on the same inputs as every other rank, in the same order (the
-    collectives pair up by order); and gets the whole (N, V) logits from compute_logits()."""
+    parameters allocated once in dtype and filled from reader (loader.weight_reader). Every
+    rank runs forward() on the same inputs in the same order: the collectives pair up by order."""
     with torch.device("meta"):  # no time spent on an init the weights overwrite
         model = LlamaForCausalLM(cfg, ctx)
     model.to(dtype)  # on meta, free: the parameters are allocated in dtype, never in fp32 first
     model.to_empty(device=device)
     model.rope.reset_tables()  # the rope tables stay fp32, as the runner has kept them
-    model.load_weights(reader)
+    load_pieces(model, weight_pieces(cfg, model.layout), reader)  # this rank's slices only
     return model.eval()

@@ -10,12 +10,16 @@ import pytest
 import torch
 from tp_ranks import run_ranks
 
-from guided.worker.attention_metadata import AttentionMetadata
-from guided.worker.distributed import SINGLE, ParallelContext, rank_device
-from guided.worker.loader import (default_gguf_path, load_model_config, load_tokenizer,
-                                  resolve_model_dir, weight_reader)
+from guided.worker.loader import (
+    default_gguf_path,
+    load_model_config,
+    load_tokenizer,
+    resolve_model_dir,
+    weight_reader,
+)
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig
-from guided.worker.models.llama import LlamaForCausalLM, build_model
+from guided.worker.models.llama import AttentionMetadata, LlamaForCausalLM, build_model
+from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 
 BLOCK_SIZE = 16
 NUM_STEPS = 6

@@ -1,5 +1,5 @@
-"""Tensor-parallel layers: which slices each rank holds, and each sharded layer (on 2 gloo ranks)
-against its unsharded self."""
+"""Tensor parallelism: joining the ranks over env:// and their collectives, which slices each rank
+holds, and each sharded layer (on 2 gloo ranks) against its unsharded self."""
 from __future__ import annotations
 
 import pytest
@@ -8,12 +8,20 @@ import torch.nn.functional as F
 from torch import nn
 from tp_ranks import run_ranks
 
-from guided.worker.distributed import ParallelContext
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig, synthetic_config
 from guided.worker.models import ops
 from guided.worker.models.llama import LlamaForCausalLM, build_model, weight_pieces
-from guided.worker.models.parallel import (RowParallelLinear, VocabParallelEmbedding,
-                                           gather_logits, shard_layout, split_range)
+from guided.worker.models.parallel import (
+    SINGLE,
+    ParallelContext,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    env_rank,
+    gather_logits,
+    init_distributed,
+    shard_layout,
+    split_range,
+)
 from guided.worker.models.weights import StateDictReader
 
 HIDDEN, IN_FEATURES, TOKENS = 48, 70, 7
@@ -25,6 +33,36 @@ def small_config(**changes) -> ModelConfig:
              "num_layers": 2, "num_heads": 6, "num_kv_heads": 3, "head_dim": 8,
              "vocab_size": VOCAB, **changes}
     return ModelConfig(name="test", **shape)
+
+
+def test_without_the_environment_a_process_is_rank_0_of_1(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_rank() == (0, 1, 0)
+    assert init_distributed(torch.device("cpu")) is SINGLE  # no process group at world size 1
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_rank_outside_the_world_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK=2"):
+        env_rank()
+
+
+def _collectives(ctx: ParallelContext) -> dict:
+    x = torch.arange(6, dtype=torch.float32).view(2, 3) + 10 * ctx.rank
+    return {"rank": ctx.rank, "env": env_rank(), "sum": ctx.all_reduce(x.clone()),
+            "gathered": ctx.all_gather(x), "min": ctx.all_min(100 - ctx.rank)}
+
+
+def test_collectives_on_two_ranks():
+    base = torch.arange(6, dtype=torch.float32).view(2, 3)
+    for rank, out in enumerate(run_ranks(_collectives, 2)):
+        assert out["rank"] == rank and out["env"] == (rank, 2, rank)
+        assert torch.equal(out["sum"], 2 * base + 10)
+        assert torch.equal(out["gathered"], torch.stack([base, base + 10]))
+        assert out["min"] == 99
 
 
 def test_split_range_covers_every_index_once():

@@ -1,4 +1,4 @@
-"""Runs a function on N ranks joined through guided.worker.distributed's env:// rendezvous on a
+"""Runs a function on N ranks joined through guided.worker.models.parallel's env:// rendezvous on a
 free port (gloo on the CPU, NCCL on GPUs, one per rank), in spawned processes with a deadline:
 a rank that hangs or dies fails the test instead of hanging it. Each rank's return value comes
 back through a file."""
@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def _rank_main(rank: int, target: Callable[..., Any], world_size: int, port: int, out_dir: str,
                args: tuple, device_type: str) -> None:
-    from guided.worker.distributed import destroy_distributed, init_distributed, rank_device
+    from guided.worker.models.parallel import destroy_distributed, init_distributed, rank_device
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
