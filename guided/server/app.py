@@ -19,7 +19,7 @@ from guided.errors import (
 )
 from guided.fsm.compiler import quick_problem
 from guided.outputs import RequestOutput
-from guided.params import SamplingParams
+from guided.params import ConstraintSpec, SamplingParams
 from guided.server import protocol as P
 from guided.server.admission import (
     Admission,
@@ -104,6 +104,9 @@ class Server:
         self.native_tools = template_supports_tools(template)
         self.tool_format = detect_format(template)
         self.compile_timeout_s = core.config.compile_timeout_s
+        # imports xgrammar now: at the first grammar's door check, on the prompt thread, the
+        # import held the GIL in bursts and every stream stalled (7.8-9.9 s on a loaded CPU)
+        quick_problem(ConstraintSpec("regex", "a"))
         self.metrics = ServerMetrics(engine.stats,
                                      lambda: (engine.compile_queries, engine.compile_hits))
         engine.on_finished = self.metrics.observe_finished
