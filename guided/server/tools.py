@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from guided.errors import ConstraintError, InvalidRequestError
@@ -39,17 +40,7 @@ from guided.server.protocol import (
     ToolCall,
 )
 from guided.server.tool_formats import ToolFormat, auto_tag
-from guided.server.tool_output import (  # noqa: F401 - the output half, re-exported
-    ARGS_KEY,
-    CONTENT_KEY,
-    CallSpan,
-    ParsedCall,
-    ToolCallStreamer,
-    new_call_id,
-    output_kind,
-    parse_output,
-    scan_calls,
-)
+from guided.server.tool_output import ARGS_KEY, CONTENT_KEY
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 CONTENT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {CONTENT_KEY: {"type": "string"}},
@@ -171,12 +162,20 @@ def _function(tool: Tool, index: int) -> dict[str, Any]:
         raise InvalidRequestError(
             f'a function\'s parameters must be a JSON schema of type "object"; got type '
             f"{json.dumps(kind)[:100]}", param=f"tools[{index}].function.parameters")
-    try:  # here, so that the 400 names the tool and a pointer into its own parameters
-        check_schema(params)
-    except ConstraintError as e:
-        raise InvalidRequestError(str(e), param=f"tools[{index}].function.parameters") from None
+    problem = _schema_problem(json.dumps(params, sort_keys=True))
+    if problem:  # here, so that the 400 names the tool and a pointer into its own parameters
+        raise InvalidRequestError(problem, param=f"tools[{index}].function.parameters")
     return {"name": tool.function.name, "description": tool.function.description or "",
             "parameters": params}
+
+
+@lru_cache(maxsize=256)  # clients send the same tools request after request (ms per schema)
+def _schema_problem(parameters_json: str) -> str | None:
+    try:
+        check_schema(json.loads(parameters_json))
+    except ConstraintError as e:
+        return str(e)
+    return None
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")

@@ -8,14 +8,8 @@ import pytest
 
 from guided.errors import InvalidRequestError
 from guided.server.protocol import ChatMessage, NamedToolChoice, Tool
-from guided.server.tools import (
-    ToolCallStreamer,
-    build_messages,
-    parse_output,
-    plan_tools,
-    render_tools_prompt,
-    scan_calls,
-)
+from guided.server.tool_output import ToolCallStreamer, parse_output, scan_calls
+from guided.server.tools import build_messages, plan_tools, render_tools_prompt
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                             "unit": {"enum": ["c", "f"]}},
