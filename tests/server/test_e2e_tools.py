@@ -99,6 +99,18 @@ def test_legacy_functions_are_served_as_tools(client):
         ask(client, "x", functions=functions, tools=TOOLS)
 
 
+def test_a_tool_with_an_invalid_schema_is_a_400_naming_it(client):
+    """SGLang's function-calling test sends `"type": "int"`: refused (as OpenAI does), naming
+    the tool's parameters and the keyword's place in them."""
+    bad = {"type": "function", "function": {"name": "sub", "parameters": {
+        "type": "object", "properties": {"a": {"type": "int"}}}}}
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(client, "Compute (3+5)", tools=[TOOLS[1], bad], tool_choice=choice)
+        assert e.value.body["param"] == "tools[1].function.parameters"
+        assert "/properties/a/type" in e.value.body["message"]
+
+
 @pytest.mark.parametrize("max_tokens", [6, 14, 22, 30])
 def test_tool_calls_cut_by_max_tokens_are_never_internal_text(client, max_tokens):
     r = ask(client, "Get the weather in Paris and in Rome, then add 2 and 3.", tools=TOOLS,
