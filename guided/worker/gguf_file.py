@@ -76,24 +76,13 @@ def _rope_heads(arch: str, config: ModelConfig, gguf_name: str) -> int | None:
 
 def read_gguf_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and every tensor, dequantized to fp32: the whole model in memory at once."""
-    import gguf
-    from gguf.quants import dequantize
-
-    reader = gguf.GGUFReader(str(path))
-    config = gguf_config(reader, path)
-    arch = reader.fields["general.architecture"].contents()
-    tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue
+    reader = GgufReader(path)
+    tensors = {}
+    for name, t in reader.tensors.items():
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float().reshape(shape)
-        heads = _rope_heads(arch, config, t.name)
-        if heads is not None:
-            data = _unpermute_rope(data, heads)
-        tensors[name] = data.contiguous()
-    return config, tensors
+        tensors[name] = torch.empty(shape)
+        reader.read_into(Piece(name, shape), tensors[name])
+    return reader.config, tensors
 
 
 class GgufReader:
@@ -108,12 +97,12 @@ class GgufReader:
         self._reader = gguf.GGUFReader(str(path))
         self.config = gguf_config(self._reader, path)
         self._arch = self._reader.fields["general.architecture"].contents()
-        self._tensors = {hf_name(t.name): t for t in self._reader.tensors if hf_name(t.name)}
+        self.tensors = {hf_name(t.name): t for t in self._reader.tensors if hf_name(t.name)}
 
     def read_into(self, piece: Piece, out: torch.Tensor) -> None:
         from gguf.quants import dequantize
 
-        t = self._tensors.get(piece.name)
+        t = self.tensors.get(piece.name)
         if t is None:
             raise MissingWeight(piece.name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

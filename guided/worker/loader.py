@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from guided.worker.gguf_file import GgufReader, gguf_config, read_gguf_weights
+from guided.worker.gguf_file import GgufReader, read_gguf_weights
 from guided.worker.model_config import ModelConfig, synthetic_config
 from guided.worker.models.weights import (
     MissingWeight,
@@ -101,9 +101,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> Non
             config, tensors = read_gguf_weights(gguf_path)
             save_file(tensors, str(tmp / "model.safetensors"))
         else:
-            import gguf
-
-            config = gguf_config(gguf.GGUFReader(str(gguf_path)), gguf_path)
+            config = GgufReader(gguf_path).config
         (tmp / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.clean_up_tokenization_spaces = False  # llama.cpp's decode: see load_tokenizer

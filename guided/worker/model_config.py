@@ -68,15 +68,6 @@ class ModelConfig:
             "torch_dtype": "float32",
         }
 
-    @property
-    def num_params(self) -> int:
-        h, i, L = self.hidden_size, self.intermediate_size, self.num_layers
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return L * per_layer + emb + h
-
 
 # Real shapes for synthetic models (random weights): speed and memory at scale, not quality.
 SYNTHETIC_SHAPES: dict[str, dict] = {

@@ -114,16 +114,12 @@ class Failed:
     error: str  # "ExceptionType: message"
 
 
-ToWorker = WorkerSpec | Launch | Sample | Forget | Stop
-FromWorker = Ready | Sampled | Failed
-
-
-def encode(message: ToWorker | FromWorker) -> bytes:
-    """Pickled once, written to each rank's pipe as bytes."""
+def encode(message: WorkerSpec | Launch | Sample | Forget | Stop | Ready | Sampled | Failed
+           ) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode(data: bytes) -> ToWorker | FromWorker:
+def decode(data: bytes):
     return pickle.loads(data)
 
 
@@ -151,13 +147,6 @@ class RankHandle:
         self.conn = Connection(ours.detach())
         self.pidfd = os.pidfd_open(self.process.pid) if hasattr(os, "pidfd_open") else None
         self.inbox: deque = deque()  # messages read while waiting on another rank
-
-    def exit_note(self) -> str | None:
-        code = self.process.poll()
-        if code is None:
-            return None
-        return f"rank {self.rank} exited" + (f" with code {code}" if code >= 0
-                                             else f" by signal {-code}")
 
 
 class MultiprocExecutor:
@@ -287,7 +276,9 @@ class MultiprocExecutor:
                     return f"rank {message.rank} failed: {message.error}"
         except (EOFError, OSError):
             pass
-        return handle.exit_note()
+        code = handle.process.returncode
+        return f"rank {handle.rank} exited " + (f"with code {code}" if code >= 0
+                                               else f"by signal {-code}")
 
     def _read(self, handle: RankHandle):
         try:

@@ -24,6 +24,7 @@ import torch
 NUM_SLOTS = 2
 MIN_ROWS = 64
 WAIT_POLL_S = 0.0005  # a rank still reading a slot: seen only after a failed step (forget)
+UNSENT = float("inf")
 
 
 def _shm_dir() -> Path:
@@ -71,18 +72,14 @@ class SharedBitmasks:
         # each rank's last step whose mask rows it has copied out
         self._consumed = self.consumed_segment.array(np.int64, (num_ranks,))
         self._consumed[:] = -1
+        self.consumed_path = str(counters)
         self._segments: list[Segment | None] = [None] * NUM_SLOTS
         self._rows: list[int] = [0] * NUM_SLOTS
         self._last_step: list[int] = [-1] * NUM_SLOTS
-        # a new segment's first step sent to the ranks: once all have copied it out, all have
-        # mapped the file and its name can go
-        self._unlink_after: list[int | None] = [None] * NUM_SLOTS
-        self._fresh: list[bool] = [False] * NUM_SLOTS
+        # a new segment's first step sent to the ranks (UNSENT until then): once every rank has
+        # copied that step out, every rank has mapped the file and its name can go
+        self._unlink_after: list[float | None] = [None] * NUM_SLOTS
         self._next = 0
-
-    @property
-    def consumed_path(self) -> str:
-        return str(self.consumed_segment.path)
 
     def take(self, num_rows: int, step: int, *, wait: Callable[[], None]) -> tuple[
             torch.Tensor, int, str]:
@@ -105,13 +102,13 @@ class SharedBitmasks:
             path = _shm_dir() / f"{self.prefix}-{slot}-{self._generation}"
             segment = self._segments[slot] = Segment(path, capacity * self.words * 4, create=True)
             self._rows[slot] = capacity
-            self._fresh[slot], self._unlink_after[slot] = True, None
+            self._unlink_after[slot] = UNSENT
         rows = segment.array(np.int32, (self._rows[slot], self.words))[:num_rows]
         return torch.from_numpy(rows), slot, str(segment.path)
 
     def sent(self, slot: int, step: int) -> None:
         """Step `step`'s Sample, naming slot's segment, went to every rank."""
-        if self._fresh[slot] and self._unlink_after[slot] is None:
+        if self._unlink_after[slot] == UNSENT:
             self._unlink_after[slot] = step
 
     def _unlink_mapped(self) -> None:
@@ -119,7 +116,7 @@ class SharedBitmasks:
         for slot, after in enumerate(self._unlink_after):
             if after is not None and done >= after:  # every rank has it mapped
                 self._segments[slot].unlink()
-                self._fresh[slot], self._unlink_after[slot] = False, None
+                self._unlink_after[slot] = None
 
     def unlink_counters(self) -> None:
         """Once every rank has mapped the counters (they do before saying Ready)."""

@@ -9,8 +9,7 @@ from torch import nn
 from tp_ranks import run_ranks
 
 from guided.worker.model_config import SYNTHETIC_SHAPES, ModelConfig, synthetic_config
-from guided.worker.models import ops
-from guided.worker.models.llama import LlamaForCausalLM, build_model, weight_pieces
+from guided.worker.models.llama import EAGER, LlamaForCausalLM, build_model, weight_pieces
 from guided.worker.models.parallel import (
     SINGLE,
     ParallelContext,
@@ -174,7 +173,7 @@ def _sharded_projections(ctx: ParallelContext) -> dict[str, tuple[torch.Tensor, 
         return {"qkv": (s_attn.qkv_proj(x), torch.cat([q[:, q_cols], k[:, kv], v[:, kv]], -1)),
                 "gate_up": (s_mlp.gate_up_proj(x), torch.cat([gate[:, inter], up[:, inter]], -1)),
                 "o": (s_attn.o_proj(attn_in[:, q_cols]), w_attn.o_proj(attn_in)),
-                "mlp": (s_mlp(x, ops.EAGER), w_mlp(x, ops.EAGER))}
+                "mlp": (s_mlp(x, EAGER), w_mlp(x, EAGER))}
 
 
 def test_sharded_projections_equal_the_unsharded_ones():
