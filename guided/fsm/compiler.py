@@ -15,6 +15,7 @@ Every submit() gets a future of its own (a ticket) on the spec's one compile:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -184,8 +185,6 @@ class GrammarCompiler:
 
     # ---- compiling ------------------------------------------------------------------------
     def _precheck(self, spec: ConstraintSpec) -> str | None:
-        if not isinstance(spec, ConstraintSpec):
-            return f"expected a ConstraintSpec, got {type(spec).__name__}"
         if len(spec.value.encode("utf-8", "surrogatepass")) > self.config.max_grammar_bytes:
             return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
                     f"is max_grammar_bytes={self.config.max_grammar_bytes}")
@@ -200,7 +199,7 @@ class GrammarCompiler:
 
         start = time.perf_counter()
         xg, vocab = self._xgrammar, self.vocab
-        if spec.kind == "choice":  # xgrammar's regex index: 18 ms for 64 options, outlines-core 1 s
+        if spec.kind == "choice":
             options = json.loads(spec.value)
             if not isinstance(options, list) or not options or not all(
                     isinstance(o, str) and o for o in options):
@@ -222,10 +221,8 @@ class GrammarCompiler:
         else:
             recipe = xg.recipe(spec.kind, "" if spec.kind == "json_object" else spec.value)
         compiled = xg.compile(recipe)
-        seconds = time.perf_counter() - start
-        is_json = spec.kind in ("json_schema", "json_object")
-        ban = xg.json_ban() if is_json else None
-        return CompiledGrammar(spec, seconds, "xgrammar",
+        ban = xg.json_ban() if spec.kind in ("json_schema", "json_object") else None
+        return CompiledGrammar(spec, time.perf_counter() - start, "xgrammar",
                                lambda: XGrammarMatcher(compiled, vocab, ban=ban))
 
     def _llguidance_grammar(self, spec: ConstraintSpec, schema: dict,
@@ -256,10 +253,9 @@ class GrammarCompiler:
 
 def quick_problem(spec: ConstraintSpec) -> str | None:
     """Why a short regex, grammar or JSON schema can never end or matches nothing, found
-    structurally in milliseconds without compiling; else None. Asked on the caller's thread
-    (queued behind compiles on a busy host, a niced pool thread took seconds to say so), and by
-    the server before the request queues for the engine (a round trip to a busy engine process
-    and its admission queue took ~0.7 s of the 400)."""
+    structurally in milliseconds without compiling; else None. Asked on the caller's thread and
+    by the server before the request queues (behind a busy host's compiles the 400 took
+    seconds)."""
     if len(spec.value) > QUICK_CHECK_CHARS:
         return None
     if spec.kind == "json_schema":
@@ -279,14 +275,10 @@ def _settle(ticket: Future, outcome: Future) -> None:
     elif outcome.exception() is not None:
         _fail(ticket, outcome.exception())
     else:
-        try:
+        with contextlib.suppress(InvalidStateError):
             ticket.set_result(outcome.result())
-        except InvalidStateError:
-            pass
 
 
 def _fail(ticket: Future, error: BaseException) -> None:
-    try:
+    with contextlib.suppress(InvalidStateError):
         ticket.set_exception(error)
-    except InvalidStateError:
-        pass

@@ -9,10 +9,10 @@ import torch
 class Matcher(ABC):
     """A grammar's state for one request.
 
-    Bitmask convention (shared with xgrammar and the sampling kernel): `bitmask` is int32
-    [num_rows, ceil(vocab_size / 32)] on the CPU; bit (id % 32) of word (id // 32) of a row is
-    set iff token `id` is allowed. EOS is allowed only where the grammar may end; ids at or past
-    the tokenizer's table (padded logits) and special tokens are never allowed.
+    Bitmask convention (shared with xgrammar and the sampling kernel): int32
+    [num_rows, ceil(vocab_size / 32)] on the CPU; bit (id % 32) of word (id // 32) is set iff
+    token `id` is allowed. EOS only where the grammar may end; padded ids and special tokens
+    never.
     """
 
     # tokens never allowed whatever the grammar says, ANDed into every row (a JSON grammar's
@@ -29,16 +29,15 @@ class Matcher(ABC):
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last num_tokens accepted tokens (at least 64 are kept)."""
+        """Undo the last num_tokens accepted tokens."""
 
     @abstractmethod
     def is_terminated(self) -> bool:
         """True once EOS was accepted: nothing more may follow."""
 
     def ended_with(self, token_id: int) -> bool:
-        """Right after accept_token(token_id): did that token end the grammar? Only a stop
-        token can, so a backend that knows its stop tokens answers without asking (a call
-        saved per sampled token)."""
+        """Right after accept_token(token_id): did it end the grammar? (A backend that knows
+        its stop tokens answers without a call per sampled token.)"""
         return self.is_terminated()
 
     @abstractmethod
@@ -47,8 +46,4 @@ class Matcher(ABC):
 
     @abstractmethod
     def accept_bytes(self, data: bytes) -> bool:
-        """Advance by raw bytes, not tokens (tests, jump-forward). False: rejected, unchanged.
-        Bytes accepted this way cannot be rolled back token by token."""
-
-
-MAX_ROLLBACK_TOKENS = 64
+        """Advance by raw bytes (tests); False: rejected, unchanged. Not undone by rollback."""

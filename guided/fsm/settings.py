@@ -1,9 +1,7 @@
 """How the grammar compiler runs: its settings, and their defaults for a host, derived once.
 
-The engine builds one CompileSettings from its EngineConfig and its host (for_host); tests and
-benchmarks build one directly. Nothing here is a user option: EngineConfig carries what a user
-sets (any_whitespace, compile_timeout_s), the rest follows from the host, measured as each
-default's docstring says."""
+Nothing here is a user option: EngineConfig carries what a user sets (any_whitespace,
+compile_timeout_s); the engine derives the rest from its host once (for_host)."""
 from __future__ import annotations
 
 import os
@@ -35,40 +33,15 @@ class CompileSettings:
     @classmethod
     def for_host(cls, *, any_whitespace: bool, compile_timeout_s: float, on_gpu: bool,
                  num_cpus: int = NUM_CPUS) -> CompileSettings:
-        idle = sched_idle_default(on_gpu=on_gpu, num_cpus=num_cpus)
+        """A GPU host of 8+ CPUs, whose step loop needs one core, compiles under SCHED_IDLE on
+        three quarters of the CPUs, one compile on up to 8 threads, and checks schemas in 4
+        processes (H200 host of 16 CPUs, default model cold at 64, RESULTS sessions 28-29: the
+        loop's wait for a core 0-1% against 5-22%; 12 threads 4323.7-4795.1 tok/s against 3578.1
+        with 6; TPOT p50 9.0 ms with schema processes, 11.7 without). On the CPU the forward
+        pass keeps every core busy (idle-class compiles would wait for their timeout): 4 threads
+        of one compile each, in-process."""
+        roomy_gpu = on_gpu and num_cpus >= 8
         return cls(any_whitespace=any_whitespace, compile_timeout_s=compile_timeout_s,
-                   compile_threads=compile_threads_default(sched_idle=idle, num_cpus=num_cpus),
-                   xgrammar_threads=xgrammar_threads_default(sched_idle=idle, num_cpus=num_cpus),
-                   compile_sched_idle=idle,
-                   schema_processes=schema_processes_default(on_gpu=on_gpu, num_cpus=num_cpus))
-
-
-def schema_processes_default(*, on_gpu: bool, num_cpus: int) -> int:
-    """Schema worker processes (fsm/schema_worker.py): where a step loop on a GPU shares the GIL
-    with a cold server's compiles, on a host with cores to spare. Measured on an H200 host of 16
-    CPUs, the default model cold at 64 (RESULTS, session 28): with 4, TPOT p50 9.0-9.1 ms and
-    3844.8-4277.6 tok/s, without 11.7 ms and 3685.3."""
-    return 4 if on_gpu and num_cpus >= 8 else 0
-
-
-def sched_idle_default(*, on_gpu: bool, num_cpus: int) -> bool:
-    """Compiles under SCHED_IDLE where the step loop needs one core and the host has many (a GPU
-    host of 8+ CPUs; H200 host of 16, default model cold at 64, RESULTS session 29: the step
-    loop's wait for a core 0-1% against 5-22%). On the CPU the model's forward pass keeps every
-    core busy, and idle-class compiles would wait for their timeout."""
-    return on_gpu and num_cpus >= 8
-
-
-def compile_threads_default(*, sched_idle: bool, num_cpus: int) -> int:
-    """Where compiles only take idle cores (SCHED_IDLE, a GPU host), three quarters of the CPUs
-    (H200 host of 16 CPUs, default model cold at 64, RESULTS session 29: 6 threads 3578.1
-    tok/s, 12: 4323.7-4795.1, 16: 4386.6); elsewhere 4, beside a forward pass that wants every
-    core."""
-    return max(4, num_cpus * 3 // 4) if sched_idle else 4
-
-
-def xgrammar_threads_default(*, sched_idle: bool, num_cpus: int) -> int:
-    """Where compiles take idle cores only, up to 8 (half the CPUs), so that a cold wave's few
-    large schemas (seconds of a core each) compile in a fraction of that; elsewhere 1."""
-    return max(1, min(8, num_cpus // 2)) if sched_idle else 1
-
+                   compile_threads=max(4, num_cpus * 3 // 4) if roomy_gpu else 4,
+                   xgrammar_threads=max(1, min(8, num_cpus // 2)) if roomy_gpu else 1,
+                   compile_sched_idle=roomy_gpu, schema_processes=4 if roomy_gpu else 0)

@@ -24,7 +24,7 @@ def gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(byte_values, code_points)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: vocabularies are big
 class TokenVocab:
     """token_bytes[i] is the byte string token i decodes to (b"" for special tokens, which no
     grammar may produce); vocab_size is the model's logits width, possibly wider than the table."""
@@ -38,12 +38,6 @@ class TokenVocab:
         if self.vocab_size < len(self.token_bytes):
             raise ValueError(f"vocab_size {self.vocab_size} is smaller than the tokenizer's "
                              f"{len(self.token_bytes)} tokens")
-
-    def __hash__(self) -> int:  # identity: vocabularies are big and compared rarely
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
     @staticmethod
     def from_tokenizer(tokenizer, vocab_size: int | None = None) -> TokenVocab:
@@ -68,13 +62,10 @@ class TokenVocab:
                 token_bytes.append(_decode_byte_level(piece))
             else:
                 token_bytes.append(_decode_sentencepiece(piece))
-        eos_ids = []
         eos = getattr(tokenizer, "eos_token_id", None)
-        if eos is not None:
-            eos_ids.append(int(eos))
-        if not eos_ids:
+        if eos is None:
             raise ValueError("the tokenizer has no eos token: grammars need one to end")
-        return TokenVocab(token_bytes=token_bytes, eos_token_ids=tuple(eos_ids),
+        return TokenVocab(token_bytes=token_bytes, eos_token_ids=(int(eos),),
                           special_ids=frozenset(special_ids),
                           vocab_size=max(vocab_size or 0, num_tokens))
 

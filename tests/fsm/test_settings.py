@@ -1,42 +1,27 @@
 """fsm/settings.py: the compile settings a host gets."""
 from __future__ import annotations
 
-from guided.fsm import settings
 from guided.fsm.settings import CompileSettings
 
 
-def test_schema_workers_by_default_only_on_a_gpu_of_a_roomy_host():
-    assert settings.schema_processes_default(on_gpu=True, num_cpus=16) == 4
-    assert settings.schema_processes_default(on_gpu=True, num_cpus=8) == 4
-    assert settings.schema_processes_default(on_gpu=True, num_cpus=7) == 0
-    assert settings.schema_processes_default(on_gpu=False, num_cpus=64) == 0  # CPU: in-thread
+def host(on_gpu: bool, num_cpus: int) -> tuple:
+    s = CompileSettings.for_host(any_whitespace=False, compile_timeout_s=5, on_gpu=on_gpu,
+                                 num_cpus=num_cpus)
+    return s.compile_sched_idle, s.compile_threads, s.xgrammar_threads, s.schema_processes
 
 
-def test_idle_class_compiles_by_default_only_on_a_gpu_of_a_roomy_host():
-    assert settings.sched_idle_default(on_gpu=True, num_cpus=16)
-    assert not settings.sched_idle_default(on_gpu=True, num_cpus=4)
-    assert not settings.sched_idle_default(on_gpu=False, num_cpus=64)  # CPU: would starve
+def test_a_gpu_host_with_cores_to_spare_compiles_on_idle_cores_and_checks_in_processes():
+    assert host(True, 16) == (True, 12, 8, 4)
+    assert host(True, 8) == (True, 6, 4, 4)
+    assert host(True, 6)[0] is False
 
 
-def test_compile_threads_by_default_take_idle_cores_only_where_they_are_idle_class():
-    assert settings.compile_threads_default(sched_idle=True, num_cpus=16) == 12
-    assert settings.compile_threads_default(sched_idle=True, num_cpus=4) == 4
-    assert settings.compile_threads_default(sched_idle=False, num_cpus=64) == 4
+def test_a_cpu_host_or_a_small_one_compiles_beside_the_forward_pass():
+    assert host(False, 64) == (False, 4, 1, 0)  # idle-class compiles would starve
+    assert host(True, 7) == (False, 4, 1, 0)
 
 
-def test_one_xgrammar_compile_spreads_over_idle_cores_only_where_compiles_are_idle_class():
-    assert settings.xgrammar_threads_default(sched_idle=True, num_cpus=16) == 8
-    assert settings.xgrammar_threads_default(sched_idle=True, num_cpus=6) == 3
-    assert settings.xgrammar_threads_default(sched_idle=False, num_cpus=64) == 1
-
-
-def test_for_host_derives_every_host_default_once():
-    gpu = CompileSettings.for_host(any_whitespace=False, compile_timeout_s=5, on_gpu=True,
-                                   num_cpus=16)
-    assert (gpu.compile_sched_idle, gpu.compile_threads, gpu.schema_processes,
-            gpu.xgrammar_threads) == (True, 12, 4, 8)
+def test_for_host_keeps_the_user_options():
     cpu = CompileSettings.for_host(any_whitespace=True, compile_timeout_s=5, on_gpu=False,
                                    num_cpus=16)
-    assert (cpu.compile_sched_idle, cpu.compile_threads, cpu.schema_processes,
-            cpu.xgrammar_threads) == (False, 4, 0, 1)
     assert cpu.any_whitespace and cpu.compile_timeout_s == 5

@@ -30,13 +30,11 @@ class TokenBan(NamedTuple):
 
 
 def token_ban(banned: frozenset[int], vocab_size: int) -> TokenBan:
-    keep = torch.ones(-(-vocab_size // 32) * 32, dtype=torch.bool)
+    keep = np.ones(-(-vocab_size // 32) * 32, dtype=bool)
     keep[sorted(banned)] = False
-    weights = 1 << torch.arange(32, dtype=torch.int64)
-    words = (keep.view(-1, 32).long() * weights).sum(1)
-    words = torch.where(words >= 1 << 31, words - (1 << 32), words).int()
-    columns = (words != -1).nonzero().flatten().numpy()
-    return TokenBan(words, banned, columns, words.numpy()[columns])
+    words = np.packbits(keep, bitorder="little").view(np.int32)  # (num_words,)
+    columns = np.flatnonzero(words != -1)
+    return TokenBan(torch.from_numpy(words), banned, columns, words[columns])
 
 
 _REGEX_META = frozenset(r"\.+*?()|[]{}^$")
@@ -49,9 +47,8 @@ def choice_regex(options: list[str]) -> str:
 
 
 class Recipe(NamedTuple):
-    """What an xgrammar grammar is compiled from (the compile cache and the schema workers
-    speak of grammars by their recipe)."""
-    kind: str  # "json_schema" (checked by check_schema) | "json_object" | "regex" | "grammar"
+    """What an xgrammar grammar is compiled from."""
+    kind: str  # "json_schema" (checked) | "json_object" | "regex" | "grammar" | "structural_tag"
     source: str  # the schema as JSON, the regex or the EBNF ("" for json_object)
     any_whitespace: bool = False
     max_whitespace: int = 2
@@ -89,36 +86,29 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
     return grammar
 
 
-def compile_recipe(compiler: xgr.GrammarCompiler, recipe: Recipe) -> xgr.CompiledGrammar:
-    """The recipe compiled; xgrammar's errors as ConstraintError naming the problem, and a
-    grammar that could never end or forces unbounded text refused (fsm/grammar_bounds.py)."""
+def _checked(recipe: Recipe) -> xgr.Grammar:
+    """The recipe's grammar, refused (ConstraintError naming the problem) where it does not
+    parse, could never end or forces unbounded text (fsm/grammar_bounds.py)."""
     try:
         grammar = grammar_of(recipe)
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
         raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
     check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
-    try:
-        return compiler.compile_grammar(grammar)
-    except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
-        raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
+    return grammar
 
 
 def _detail(error: Exception) -> str:
     """The first line of xgrammar's message, without its "[time] file.cc:line:" head."""
-    message = str(error).strip().splitlines()
-    detail = message[0] if message else type(error).__name__
-    if "]" in detail and detail.startswith("["):
-        detail = detail.split(": ", 1)[-1]
-    return detail
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return detail.split(": ", 1)[-1] if detail.startswith("[") and "]" in detail else detail
 
 
 def bounds_problem(recipe: Recipe) -> str | None:
-    """Why the recipe's grammar can never end or forces unbounded text
-    (fsm/grammar_bounds.py), without compiling it; None if it passes or does not parse
-    (the compile then says why)."""
+    """Why the recipe's grammar can never end or forces unbounded text, without compiling it;
+    None if it passes or does not parse (the compile then says why)."""
     try:
         grammar = grammar_of(recipe)
-    except Exception:  # noqa: BLE001 - a syntax error: compile_recipe reports it
+    except Exception:  # noqa: BLE001 - a syntax error: the compile reports it
         return None
     try:
         check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
@@ -128,8 +118,8 @@ def bounds_problem(recipe: Recipe) -> str | None:
 
 
 class XGrammarBackend:
-    """Compiles specs with one xgrammar GrammarCompiler. Thread-safe: compiles run in parallel
-    threads and release the GIL. xgrammar's own cache is off: GrammarCompiler keeps an LRU."""
+    """Compiles recipes with one xgrammar GrammarCompiler (thread-safe, the GIL released;
+    xgrammar's own cache off: GrammarCompiler keeps an LRU)."""
 
     def __init__(self, vocab: TokenVocab, config: CompileSettings):
         self.vocab = vocab
@@ -141,18 +131,16 @@ class XGrammarBackend:
                                             max_threads=config.xgrammar_threads,
                                             cache_enabled=False)
         self._json_ban: TokenBan | None = None
-        # the bans are Python loops over the vocabulary (~0.1 s each): once, not once a thread
-        # (a cold wave's first compiles all asked at once, each holding the GIL for the loop)
+        # the ban is a Python loop over the vocabulary (~0.1 s): once, not once a thread
         self._bans_lock = threading.Lock()
 
     def json_ban(self) -> TokenBan:
         """The tokens JSON output may never contain: those with a raw control byte (JSON
-        escapes them), except whitespace tokens where whitespace is free. Applied to every
-        JSON row because xgrammar 0.2.8's minLength / maxLength strings admit raw control
-        characters."""
+        escapes them) other than whitespace where whitespace is free. Applied to every JSON
+        row: xgrammar 0.2.8's minLength / maxLength strings admit raw control characters."""
         with self._bans_lock:
             if self._json_ban is None:
-                allowed = self._raw_controls()
+                allowed = b"\t\n\r" if self.config.any_whitespace else b""
                 self._json_ban = token_ban(frozenset(
                     i for i, data in enumerate(self.vocab.token_bytes)
                     if data and min(data) < 0x20
@@ -160,21 +148,17 @@ class XGrammarBackend:
                     self.vocab.vocab_size)
             return self._json_ban
 
-    def _raw_controls(self) -> bytes:
-        """The control bytes JSON output may hold: whitespace, where whitespace is free."""
-        return b"\t\n\r" if self.config.any_whitespace else b""
-
     def recipe(self, kind: str, source: str = "") -> Recipe:
-        """kind: "json_schema" (source: a schema check_schema has rewritten, as JSON: the
-        compiler checks it once, for whichever backend then serves it), "json_object",
-        "regex" or "grammar" (xgrammar's GBNF-style EBNF, as llama.cpp / vLLM / SGLang accept:
-        rules `name ::= expr`, the start rule named `root`, "literals" with JSON-style
-        escapes, [a-z] / [^...] character classes, grouping ( ), alternation |, repetition
-        * + ? {m,n}, # comments; Lark syntax (`start:`, `%import`) is not accepted)."""
+        """kind: "json_schema" (source: a schema check_schema has rewritten, as JSON),
+        "json_object", "regex", "grammar" (xgrammar's GBNF-style EBNF) or "structural_tag"."""
         return Recipe(kind, source, self.config.any_whitespace, self.config.max_whitespace)
 
     def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
-        return compile_recipe(self.compiler, recipe)
+        grammar = _checked(recipe)
+        try:
+            return self.compiler.compile_grammar(grammar)
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+            raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
 
 
 class XGrammarMatcher(Matcher):
