@@ -1,17 +1,11 @@
 """Long counted repetitions of one character class, rewritten as character budgets.
 
-xgrammar 0.2.8 unrolls a repetition `c{m,n}` up to 128 and counts the rest with a repeat
-state and a lookahead. Inside such a repetition, and worse under a second parse path (an
-optional property before a bounded string), every mask row falls back to walking the
-vocabulary: a JSON string with maxLength 8192 costs ~8 ms a row on the CPU against ~0.15 ms
-for other rows, and compiling it takes seconds (upstream mlc-ai/xgrammar#852, unfixed in
-0.2.8; benchmarks/row_costs.py). The same language has a cheap spelling in xgrammar's own
-EBNF: `c{m}` followed by a rule `c*` with a budget of n - m characters (`[max_chars=...]`),
-whose masks come from the precomputed per-state cache until the budget is nearly spent.
-
-The rewrite is exact: a character class consumes one character per repetition, so the
-budget counts exactly the repetitions (tests/fsm/test_char_budgets.py compares every mask
-row along random walks with the original grammar's)."""
+xgrammar 0.2.8 unrolls `c{m,n}` up to 128 and counts the rest with a repeat state; inside one
+every mask row walks the vocabulary (a string of maxLength 8192: ~8 ms a row against ~0.15 ms,
+and seconds to compile; upstream mlc-ai/xgrammar#852). xgrammar's own EBNF spells the same
+language cheaply: `c{m}` then a rule `c*` limited to n - m characters (`[max_chars=...]`). Exact,
+a class consuming one character per repetition (tests/fsm/test_char_budgets.py compares masks).
+"""
 from __future__ import annotations
 
 import re

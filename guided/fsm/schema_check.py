@@ -1,14 +1,12 @@
 """Fail closed: rewrite a JSON schema into the subset xgrammar 0.2.8 enforces, or refuse it.
 
 The grammar is compiled in xgrammar's strict mode: objects that declare properties admit no
-others (a subset of the schema's language, and a much smaller, faster grammar: the largest
-Kubernetes schemas compile in 0.1 s strict and > 10 s non-strict). Every rule here (and in
-schema_formats, schema_merge) comes from a probe of xgrammar 0.2.8: keywords it silently
-ignores would let the grammar admit outputs the client's schema rejects. Such keywords are either
-rewritten into an equivalent (or stricter) form xgrammar does enforce, or refused with a
-ConstraintError naming the keyword and its JSON pointer. The invariant: every string the compiled
-grammar admits validates against the client's schema (Draft 2020-12, format checking on).
-Stricter is allowed (it costs false rejects, never false accepts).
+others (a subset of the language, and a far faster grammar: the largest Kubernetes schemas
+compile in 0.1 s strict, > 10 s not). Every rule here (and in the schema_* helpers) comes from a
+probe of xgrammar 0.2.8: a keyword it would silently ignore is rewritten into an equivalent (or
+stricter) form it enforces, or refused with a ConstraintError naming the keyword and its JSON
+pointer. The invariant: every string the grammar admits validates against the client's schema
+(Draft 2020-12, formats checked); stricter costs false rejects, never false accepts.
 """
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ from guided.fsm.schema_objects import (
 )
 from guided.fsm.schema_refs import localize_refs, upgrade
 
-# The public names; FORMAT_PATTERNS and fix_optional_groups live in schema_formats but callers
-# import them from here.
+# FORMAT_PATTERNS and fix_optional_groups live in schema_formats; callers import them from here
 __all__ = ["FORMAT_PATTERNS", "check_schema", "fix_optional_groups"]
 
 NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",

@@ -49,14 +49,11 @@ XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "duration"})
 # admit e.g. Arabic digits that Python's \d matches); \b, \p, backreferences do not compile.
 _BAD_REGEX = re.compile(r"\(\?[=!<]|\\[DWSbBpPk1-9]|\[\^[^\]]*\\[dws]")
 
-# One string character that needs no escape. xgrammar 0.2.8 compiles minLength / maxLength into
-# a counted repetition that costs 0.5-0.9 ms per mask inside the string on average (and admits
-# raw control characters: the JSON token ban (json_ban) removes those); this class counted up
-# to MAX_PATTERN_LENGTH costs 0.03-0.09 ms (benchmarks/bench_string_bounds.py), beyond it the
-# pattern grows slow, so larger bounds keep xgrammar's keywords (counting in exact blocks of
-# 64 was tried: cheaper masks, but compiles several times slower, a bad trade for cold
-# requests). Strings so bounded are written without escapes (xgrammar admits no backslash in
-# a pattern-constrained string).
+# One string character that needs no escape. xgrammar 0.2.8's minLength / maxLength cost
+# 0.5-0.9 ms a mask inside the string (and admit raw control characters: json_ban removes
+# those); this class counted up to MAX_PATTERN_LENGTH costs 0.03-0.09 ms, past it the pattern
+# grows slow and larger bounds keep the keywords. No escapes: xgrammar admits no backslash in a
+# pattern-constrained string.
 _PLAIN_CHAR = r'[^"\\\x00-\x1f]'
 MAX_PATTERN_LENGTH = 64
 

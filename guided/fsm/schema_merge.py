@@ -236,9 +236,11 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
             else:
                 out[name] = {"allOf": [out[name], sub]}
         return out
-    if key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
+    if key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties",
+               "minContains"):
         return max(a, b)
-    if key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
+    if key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties",
+               "maxContains"):
         return min(a, b)
     if key == "type":
         ta, tb = as_list(a), as_list(b)
@@ -253,9 +255,9 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
         return _merge_schemas(key, a, b)
     if key == "enum":  # jsonschema's equality: 1 == 1.0, not true
         return [v for v in a if any(_same_value(v, w) for w in b)]
-    if key == "const" and not _same_value(a, b):
-        raise Unsatisfiable(f"the {keyword} at {where(pointer)} combines different consts")
     if key == "const":
+        if not _same_value(a, b):
+            raise Unsatisfiable(f"the {keyword} at {where(pointer)} combines different consts")
         return a
     if key == "multipleOf" and all(isinstance(v, int) for v in (a, b)):
         return math.lcm(a, b)
@@ -263,10 +265,6 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
         return [{"allOf": [x, y]} for x, y in zip(a, b)]
     if key == "uniqueItems":
         return bool(a or b)
-    if key == "minContains":
-        return max(a, b)
-    if key == "maxContains":
-        return min(a, b)
     raise refuse(keyword, pointer, f"cannot combine two different '{key}' constraints")
 
 
@@ -306,9 +304,8 @@ def validation_keys(node: dict, exclude: tuple = ()) -> list[str]:
 def _types_of(node: dict) -> set[str] | None:
     if "type" in node:
         return set(as_list(node["type"]))
-    values = values_of(node)
-    if values is not None:
-        return {_json_type(json.loads(v)) for v in values}
+    if "const" in node or "enum" in node:
+        return {_json_type(v) for v in ([node["const"]] if "const" in node else node["enum"])}
     return None
 
 
@@ -317,14 +314,6 @@ def _types_overlap(a: set[str], b: set[str]) -> bool:
         return s | ({"integer"} if "number" in s else set())
 
     return bool(widen(a) & widen(b))
-
-
-def values_of(node: dict) -> list[str] | None:
-    if "const" in node:
-        return [json_text(node["const"])]
-    if "enum" in node:
-        return [json_text(v) for v in node["enum"]]
-    return None
 
 
 def _json_type(value: Any) -> str:

@@ -2,16 +2,11 @@
 patternProperties, propertyNames, minProperties beside undeclared keys, and
 unevaluatedProperties / unevaluatedItems where they are additionalProperties / items.
 
-Probed facts these rules rest on (strict mode, compact separators):
-- a patternProperties or propertyNames pattern is matched whole (its edge anchors dropped): the
-  keys it admits are a subset of those the pattern matches anywhere, as JSON Schema reads it;
-- a key admitted by a pattern may also be a declared property's name, and is then written with
-  the pattern's value schema only; beside patternProperties, additionalProperties admits any
-  key with its own schema (even one a pattern matches). Neither is what the schema says, so
-  such overlaps are refused and additionalProperties is dropped (undeclared keys that match no
-  pattern are not generated: stricter);
-- undeclared keys may repeat (`{"x": 1, "x": 2}`): a parser keeps one, so minProperties counts
-  only the keys that are surely distinct.
+Probed facts (strict mode): a patternProperties / propertyNames pattern is matched whole (a
+subset of the keys JSON Schema's match-anywhere admits); a key a pattern admits that is also a
+declared name gets the pattern's schema only, and additionalProperties beside patterns admits
+any key with its own schema: such overlaps are refused and additionalProperties dropped
+(stricter); undeclared keys may repeat, so minProperties counts only surely distinct keys.
 """
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """A grammar's character classes rewritten so that xgrammar admits valid UTF-8 only.
 
-xgrammar 0.2.8 matches text byte by byte, and two of its encodings of a character class admit
-bytes that are not UTF-8 (random walks found both: benchmarks/grammar_soundness.py --walks):
-- a JSON schema `pattern` compiled to a byte automaton (a `Regex("...")` node) gets a range
-  that crosses a UTF-8 length boundary encoded loosely: the byte after the lead byte is left
-  open, so overlong forms (E0 80-9F .., F0 80-8F ..) and UTF-16 surrogates (ED A0-BF ..)
-  pass. Every negated class and `.` has such a range (its complement runs to U+10FFFF); a
-  range within one length is exact;
-- an EBNF class is matched by code point (overlong forms fail there), but one that holds
-  U+D800-U+DFFF admits their three-byte encodings: every negated class does, the JSON
-  string's own `[^\\0-\\x1f\\"\\\\\\r\\n]` among them.
-exact_utf8 rewrites a grammar's text so that neither can happen, the language otherwise the
-same: EBNF classes lose the surrogates; a pattern's classes and `.` become one class per UTF-8
-length, less the surrogates (tests/fsm/test_utf8_classes.py tries every 1- to 4-byte form).
+xgrammar 0.2.8 matches text byte by byte, and two of its encodings of a class admit bytes that
+are not UTF-8 (random walks found both: benchmarks/grammar_soundness.py --walks):
+- a pattern compiled to a byte automaton (a `Regex("...")` node) encodes a range that crosses a
+  UTF-8 length boundary loosely (the byte after the lead byte left open), so overlong forms and
+  UTF-16 surrogates pass: every negated class and `.` has such a range;
+- an EBNF class holding U+D800-U+DFFF admits their three-byte encodings (every negated class,
+  the JSON string's own among them).
+exact_utf8 rewrites the grammar's text, its language otherwise the same: EBNF classes lose the
+surrogates; a pattern's classes and `.` become one class per UTF-8 length, less the surrogates.
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """llguidance backend: checked JSON schemas whose xgrammar compile is slow (long string bounds:
 seconds to minutes with a 49k vocabulary, where llguidance builds its lazy grammar in ms).
 
-schema_check decides what is exact; this module only restates a checked schema (written for
-xgrammar's strict mode) so that llguidance admits the same language:
-- llguidance matches `pattern` (and patternProperties keys) anywhere in the string, as JSON
-  Schema does; the checked schema means a whole match (xgrammar's reading, which length
-  bounds folded into a pattern rely on): every pattern is anchored;
-- strict mode closes objects with declared properties and tuples without `items`: said
-  explicitly (llguidance leaves them open);
-- only keywords probed to be enforced by llguidance are passed; a schema with any other (a
-  `format`, a `$ref` that could recurse) stays on xgrammar (ineligible: None).
+A checked schema (written for xgrammar's strict mode) is restated so that llguidance admits the
+same language: patterns anchored (the checked schema means a whole match; llguidance, like JSON
+Schema, matches anywhere); strict mode's closed objects and tuples said explicitly; only keywords
+probed to be enforced by llguidance passed (any other keeps the schema on xgrammar).
 """
 from __future__ import annotations
 
@@ -32,9 +27,8 @@ _KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties",
                        "anyOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                        "multipleOf", "minProperties", "maxProperties", "$defs",
                        "definitions"})
-# every keyword of the JSON Schema vocabularies (2020-12 and earlier drafts): a key outside it
-# is an annotation (jsonschema and xgrammar ignore it) and is dropped; a keyword outside
-# _KEYWORDS keeps the schema on xgrammar
+# every keyword of the JSON Schema vocabularies: a key outside it is an annotation (dropped); a
+# keyword outside _KEYWORDS keeps the schema on xgrammar
 _VOCABULARY = _KEYWORDS | {
     "$ref", "$dynamicRef", "$recursiveRef", "$id", "$anchor", "$schema", "propertyNames",
     "not", "if", "then",
@@ -112,13 +106,10 @@ def _anchored(pattern: str) -> str:
 
 
 class _OwnTokens:
-    """What llguidance's TokenizerWrapper reads of a tokenizer: our token table (fsm/vocab.py,
-    the bytes every backend works from) and the tokenizer's own encoding of text.
-
-    Not llguidance.hf.from_tokenizer: that has llguidance parse the tokenizer's JSON as the
-    installed `tokenizers` writes it, and under tokenizers 0.23.2 (the GPU image) its masks were
-    wrong: after `{"accept":` it allowed only `:` where the grammar wanted a space, so 59 of 81
-    requests on its schemas failed with a rejected token on an H200 host (none on the CPU)."""
+    """What llguidance's TokenizerWrapper reads of a tokenizer: our token table (fsm/vocab.py)
+    and the tokenizer's own encoding. Not llguidance.hf.from_tokenizer: under tokenizers 0.23.2
+    (the GPU image) it parsed the tokenizer's JSON wrongly and 59 of 81 requests on its schemas
+    failed with a rejected token on an H200 host."""
 
     def __init__(self, tokenizer, vocab: TokenVocab):
         special = vocab.special_ids
@@ -154,7 +145,6 @@ class LLGuidanceBackend:
         if is_error or messages:  # a warning may be a keyword it did not enforce
             raise ConstraintError(f"llguidance: {'; '.join(messages)[:300]}")
         return grammar
-
 
     def start(self, grammar: str):
         """A matcher at the grammar's start, to copy for each request (LLGuidanceMatcher)."""
@@ -205,8 +195,8 @@ class LLGuidanceMatcher(Matcher):
         if self._ended:
             return
         if self._matcher.is_stopped():  # nothing may follow: EOS only
-            for eos in self._eos:
-                words[eos // 32] |= _bit(eos % 32)
+            for eos in self._eos:  # bit 31 of an int32 word is its sign
+                words[eos // 32] |= (1 << eos % 32) - (1 << 32 if eos % 32 == 31 else 0)
             return
         if words.numel() * 4 < self._num_bytes or not words.is_contiguous():
             raise ValueError("the bitmask row is narrower than the vocabulary")
@@ -240,7 +230,3 @@ class LLGuidanceMatcher(Matcher):
             return False
         return self._matcher.consume_tokens(ids)
 
-
-def _bit(index: int) -> int:
-    """Bit `index` of an int32 word, as a signed value (bit 31 is negative)."""
-    return (1 << index) - (1 << 32) if index == 31 else 1 << index
