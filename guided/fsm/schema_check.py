@@ -309,12 +309,10 @@ def _rewrite_number(node: dict, pointer: str) -> None:
         integer_only = rewrite_multiple_of(node, types, pointer)
     if integer_only:
         # xgrammar wants integer bounds: round inward (exact for integer values)
-        lo = [math.floor(node.pop("minimum")) if float(node["minimum"]).is_integer() else
-              math.ceil(node.pop("minimum"))] if "minimum" in node else []
+        lo = [math.ceil(node.pop("minimum"))] if "minimum" in node else []
         if "exclusiveMinimum" in node:
             lo.append(math.floor(node.pop("exclusiveMinimum")) + 1)
-        hi = [math.ceil(node.pop("maximum")) if float(node["maximum"]).is_integer() else
-              math.floor(node.pop("maximum"))] if "maximum" in node else []
+        hi = [math.floor(node.pop("maximum"))] if "maximum" in node else []
         if "exclusiveMaximum" in node:
             hi.append(math.ceil(node.pop("exclusiveMaximum")) - 1)
         # xgrammar's bounds are doubles: one past 2**53 is clamped inward (stricter, exact

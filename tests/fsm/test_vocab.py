@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from guided.fsm.vocab import TokenVocab, _decode_sentencepiece
+from guided.fsm.vocab import TokenVocab
 
 
 def test_byte_level_roundtrip(tokenizer, vocab):
@@ -27,6 +27,19 @@ def test_single_bytes_present(vocab):
     assert all(bytes([b]) in singles for b in range(0x20, 0x7F))  # printable ASCII
 
 
-def test_sentencepiece_pieces():
-    assert _decode_sentencepiece("\u2581hello") == b" hello"
-    assert _decode_sentencepiece("<0xE6>") == b"\xe6"
+
+def test_sentencepiece_pieces_and_byte_fallback():
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581hello": 3, "<0xE6>": 4, "a": 5}
+    spm = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    spm.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    spm.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=spm, unk_token="<unk>",
+                                        bos_token="<s>", eos_token="</s>")
+    vocab = TokenVocab.from_tokenizer(tokenizer)
+    assert vocab.token_bytes == [b"", b"", b"", b" hello", b"\xe6", b"a"]
+    assert vocab.special_ids == {0, 1, 2} and vocab.eos_token_ids == (2,)
