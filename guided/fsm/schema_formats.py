@@ -72,10 +72,7 @@ def rewrite_string(node: dict, pointer: str) -> None:
         return
     if pattern is not None:
         check_pattern(pattern, "pattern", pointer)
-        if "minLength" in node or "maxLength" in node:
-            pattern = bounded_pattern(pattern, node.pop("minLength", 0),
-                                      node.pop("maxLength", None), pointer)
-        node["pattern"] = fix_optional_groups(pattern)
+        _set_pattern(node, pattern, pointer)
     if fmt is None or "string" not in as_list(node.get("type", "string")):
         node.pop("format", None)
         return
@@ -83,11 +80,7 @@ def rewrite_string(node: dict, pointer: str) -> None:
         if "pattern" in node:
             raise refuse("pattern", pointer, f"'pattern' together with format '{fmt}' is not "
                                              f"supported")
-        pattern = FORMAT_PATTERNS[node.pop("format")]
-        if "minLength" in node or "maxLength" in node:  # kept where the format's lengths fit
-            pattern = bounded_pattern(pattern, node.pop("minLength", 0),
-                                      node.pop("maxLength", None), pointer)
-        node["pattern"] = fix_optional_groups(pattern)
+        _set_pattern(node, FORMAT_PATTERNS[node.pop("format")], pointer)
     elif fmt in UNENFORCEABLE_FORMATS:
         raise refuse("format", pointer, f"format '{fmt}' cannot be enforced; supported: "
                      f"{sorted(FORMAT_PATTERNS) + sorted(XGRAMMAR_FORMATS)}")
@@ -100,6 +93,14 @@ def rewrite_string(node: dict, pointer: str) -> None:
                                           f"supported")
     else:
         node.pop("format")  # a format no validator checks: dropping it is exact
+
+
+def _set_pattern(node: dict, pattern: str, pointer: str) -> None:
+    """node's pattern, its length bounds folded in (kept where the pattern's lengths fit)."""
+    if "minLength" in node or "maxLength" in node:
+        pattern = bounded_pattern(pattern, node.pop("minLength", 0), node.pop("maxLength", None),
+                                  pointer)
+    node["pattern"] = fix_optional_groups(pattern)
 
 
 def whole_match_body(pattern: str) -> str:

@@ -8,7 +8,6 @@ probed to be enforced by llguidance passed (any other keeps the schema on xgramm
 """
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -44,23 +43,14 @@ class _Ineligible(Exception):
     pass
 
 
-def prefers_llguidance(schema: Any) -> bool:
+def prefers_llguidance(node: Any) -> bool:
     """Whether xgrammar's compile of this checked schema is slow: a string bound past what
     schema_check writes as a short pattern (xgrammar counts it out character by character)."""
-    text = json.dumps(schema)
-    return any(f'"{key}": ' in text and _bound_over(schema, key)
-               for key in ("maxLength", "minLength"))
-
-
-def _bound_over(node: Any, key: str) -> bool:
     if isinstance(node, dict):
-        value = node.get(key)
-        if isinstance(value, int) and value > MAX_PATTERN_LENGTH:
-            return True
-        return any(_bound_over(v, key) for v in node.values())
-    if isinstance(node, list):
-        return any(_bound_over(v, key) for v in node)
-    return False
+        return any(isinstance(node.get(key), int) and node[key] > MAX_PATTERN_LENGTH
+                   for key in ("maxLength", "minLength")) or any(
+            prefers_llguidance(v) for v in node.values())
+    return isinstance(node, list) and any(prefers_llguidance(v) for v in node)
 
 
 def llguidance_schema(schema: Any) -> dict | None:
