@@ -1,11 +1,14 @@
 """End to end: the structured-output frameworks clients use, unchanged, against the real server
 and model: instructor (JSON_SCHEMA and TOOLS modes) and langchain-openai's
-with_structured_output (json_schema and function_calling). Install them with
-`pip install -e '.[clients]'`."""
+with_structured_output (json_schema and function_calling); both are test dependencies, so these
+tests run wherever the suite does."""
 from __future__ import annotations
 
 from typing import Literal
 
+import instructor
+import langchain_openai
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -28,8 +31,6 @@ def check(person) -> None:
 
 @pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
 def test_instructor(server_url, mode):
-    instructor = pytest.importorskip("instructor")
-    openai = pytest.importorskip("openai")
     client = instructor.from_openai(
         openai.OpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0, timeout=300),
         mode=getattr(instructor.Mode, mode))
@@ -41,7 +42,6 @@ def test_instructor(server_url, mode):
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_with_structured_output(server_url, method):
-    langchain_openai = pytest.importorskip("langchain_openai")
     llm = langchain_openai.ChatOpenAI(base_url=server_url + "/v1", api_key="unused", model=MODEL,
                                       temperature=0, max_tokens=80, max_retries=0, timeout=300)
     person = llm.with_structured_output(Person, method=method).invoke(PROMPT)
