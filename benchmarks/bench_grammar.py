@@ -2,7 +2,7 @@
 
 For each subset: compile up to --per-subset schemas (cold: a fresh compiler; cached: a second
 submit of the same spec), then walk each valid instance's tokens, timing fill_bitmask before
-every token. Also times fill_bitmasks over a batch, serial vs threads. Prints one markdown table.
+every token. Also times fill_draft_rows over a batch, one thread vs several. Prints markdown.
 
     python benchmarks/bench_grammar.py [--per-subset N] [--batch 64]
 """
@@ -43,7 +43,7 @@ def main() -> None:
     from guided.errors import ConstraintError
     from guided.fsm.compiler import GrammarCompiler
     from guided.fsm.settings import CompileSettings
-    from guided.masks.bitmask_fill import fill_bitmasks
+    from guided.masks.bitmask_fill import fill_draft_rows
     from guided.params import ConstraintSpec
 
     tokenizer = load_test_tokenizer()
@@ -110,13 +110,13 @@ def main() -> None:
     for size in (1, 4, 8, 16, 32, 64):
         if size > len(batch_matchers):
             break
-        items = [(m, i) for i, m in enumerate(batch_matchers[:size])]
+        items = [(m, [], i) for i, m in enumerate(batch_matchers[:size])]
         timings = {}
         for threads in (1, args.threads):
-            fill_bitmasks(items, bitmask, num_threads=threads, min_parallel_rows=1)  # warm up
+            fill_draft_rows(items, bitmask, num_threads=threads)  # warm up
             start = time.perf_counter()
             for _ in range(20):
-                fill_bitmasks(items, bitmask, num_threads=threads, min_parallel_rows=1)
+                fill_draft_rows(items, bitmask, num_threads=threads)
             timings[threads] = (time.perf_counter() - start) / 20 * 1e6
         print(f"| {size} | {timings[1]:.0f} | {timings[args.threads]:.0f} | {args.threads} |")
     compiler.shutdown()

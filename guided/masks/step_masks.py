@@ -56,7 +56,7 @@ def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int],
     failed: list[tuple[Request, str]] = []
     with times.phase("mask_fill"):
         try:
-            fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS, times=times)
+            fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS)
         except Exception:  # noqa: BLE001 - found below, request by request
             for entry, request in zip(entries, owners):
                 try:

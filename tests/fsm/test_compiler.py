@@ -215,21 +215,20 @@ def test_length_bounded_strings_stay_valid_json_under_random_tokens(compiler):
         if matcher.is_terminated():
             jsonschema.validate(json.loads(text), schema)
     # the batched fill (xgrammar's BatchGrammarMatcher) applies the same exclusion
-    from guided.masks.bitmask_fill import fill_bitmasks
+    from guided.masks.bitmask_fill import fill_draft_rows
 
     matchers = [grammar.matcher() for _ in range(3)]
     for m, prefix in zip(matchers, [b'{"id": "a', b'{"id": "", "code": "ab', b'{"id": "", "code": '
                                     b'"ab", "note": null, "text": "x']):
         assert m.accept_bytes(prefix)
     rows = torch.zeros(3, bitmask.shape[1], dtype=torch.int32)
-    fill_bitmasks([(m, i) for i, m in enumerate(matchers)], rows, num_threads=2,
-                  min_parallel_rows=2)
+    fill_draft_rows([(m, [], i) for i, m in enumerate(matchers)], rows, num_threads=2)
     bits = ((rows.unsqueeze(2) >> torch.arange(32)) & 1).flatten(1)[:, :len(token_bytes)]
     assert bits.sum() > 0 and not bits[:, control].any()
     # rows a ban does not cover (here: -1, as a finished request's) keep every bit, and the
     # covered ones equal the one-row fill's
     spread = torch.full((5, bitmask.shape[1]), -1, dtype=torch.int32)
-    fill_bitmasks([(m, 2 * i) for i, m in enumerate(matchers)], spread, num_threads=1)
+    fill_draft_rows([(m, [], 2 * i) for i, m in enumerate(matchers)], spread, num_threads=1)
     assert (spread[1] == -1).all() and (spread[3] == -1).all()
     for i, m in enumerate(matchers):
         m.fill_bitmask(bitmask, 0)

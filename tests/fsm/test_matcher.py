@@ -7,7 +7,6 @@ import torch
 
 from guided.fsm.compiler import GrammarCompiler
 from guided.fsm.settings import CompileSettings
-from guided.masks.bitmask_fill import accept_tokens, fill_bitmasks, rollback_all
 from guided.params import ConstraintSpec
 
 EOS = 2
@@ -72,19 +71,6 @@ def test_eos_not_allowed_mid_grammar(compiler, tokenizer):
     assert not m.accept_token(EOS) and not m.accept_token(99999)
 
 
-def test_batched_accept_of_eos_terminates(compiler, tokenizer):
-    """A stop token taken by xgrammar's batched accept (the draft walk's) ends the matcher as
-    the wrapper's own accept does (is_terminated asks xgrammar only after a stop token)."""
-    grammar = compiler.compile(ConstraintSpec("regex", "abc"), timeout=60)
-    done, other = grammar.matcher(), grammar.matcher()
-    assert feed(done, tokenizer, "abc") and not done.is_terminated()
-    first = tokenizer.encode("a", add_special_tokens=False)[0]
-    assert accept_tokens([(done, EOS), (other, first)]) == [True, True]
-    assert done.is_terminated() and not other.is_terminated()
-    rollback_all({done: 1, other: 1})
-    assert not done.is_terminated()
-
-
 @pytest.mark.parametrize("spec, text", [(c[0], c[1]) for c in CASES], ids=lambda x: getattr(
     x, "kind", None))
 def test_rollback_restores_state(compiler, tokenizer, spec, text):
@@ -142,23 +128,6 @@ def test_forced_strings_choice_and_regex_multibyte(compiler, tokenizer, vocab):
         assert m.accept_bytes("日本語".encode()[2:]) and m.accept_token(EOS)
     m = compiler.compile(ConstraintSpec("regex", "(héllo|日本)"), timeout=60).matcher()
     assert feed(m, tokenizer, "h") and m.forced_string() == "éllo".encode()
-
-
-def test_fill_bitmasks_parallel_equals_serial(compiler, tokenizer):
-    grammar = compiler.compile(CASES[0][0], timeout=60)
-    ids = tokenizer.encode(CASES[0][1], add_special_tokens=False)
-    matchers = []
-    for n in range(80):
-        m = grammar.matcher()
-        for t in ids[: n % len(ids)]:
-            m.accept_token(t)
-        matchers.append(m)
-    items = [(m, i) for i, m in enumerate(matchers)]
-    serial = torch.zeros(80, (49216 + 31) // 32, dtype=torch.int32)
-    parallel = torch.full_like(serial, -1)
-    fill_bitmasks(items, serial, num_threads=1)
-    fill_bitmasks(items, parallel, num_threads=4)
-    assert torch.equal(serial, parallel)
 
 
 def test_optional_group_with_trailing_repetition(compiler, tokenizer):
