@@ -26,15 +26,7 @@ class ConstraintSpec:
 
     @staticmethod
     def json_schema(schema: dict | str | bool) -> "ConstraintSpec":
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise ConstraintError(f"json_schema is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise ConstraintError("json_schema must be a JSON object (or a boolean schema)")
-        return ConstraintSpec("json_schema", json.dumps(schema, ensure_ascii=False,
-                                                        separators=(",", ":")))
+        return ConstraintSpec("json_schema", _json_text("json_schema", schema, (dict, bool)))
 
     @staticmethod
     def choice(options: list[str]) -> "ConstraintSpec":
@@ -46,20 +38,24 @@ class ConstraintSpec:
 
     @staticmethod
     def structural_tag(tag: dict | str) -> "ConstraintSpec":
-        """Free text until a trigger opens a tag whose content follows its schema
-        (fsm/structural_tags.py checks and compiles it)."""
-        if isinstance(tag, str):
-            try:
-                tag = json.loads(tag)
-            except json.JSONDecodeError as e:
-                raise ConstraintError(f"structural_tag is not valid JSON: {e}") from None
-        if not isinstance(tag, dict):
-            raise ConstraintError("structural_tag must be a JSON object")
-        return ConstraintSpec("structural_tag", json.dumps(tag, ensure_ascii=False,
-                                                           separators=(",", ":")))
+        """Free text until a trigger opens a tag whose content follows its schema."""
+        return ConstraintSpec("structural_tag", _json_text("structural_tag", tag, (dict,)))
 
     def schema(self) -> Any:
         return json.loads(self.value) if self.kind == "json_schema" else None
+
+
+def _json_text(kind: str, value, types: tuple) -> str:
+    """Compact JSON of a parsed or textual value (keeping the client's key order)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConstraintError(f"{kind} is not valid JSON: {e}") from None
+    if not isinstance(value, types):
+        raise ConstraintError(f"{kind} must be a JSON object"
+                              + (" (or a boolean schema)" if bool in types else ""))
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(slots=True)

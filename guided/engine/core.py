@@ -1,14 +1,11 @@
 """Engine: add_request / abort_request / step.
 
-One step: schedule -> launch the forward pass -> fill the grammar masks -> sample -> update
+A step: schedule -> launch the forward pass -> fill the grammar masks -> sample -> update
 (append, verify drafts, stops) -> outputs. Overlapped scheduling is the loop's depth: at depth 1
-(a GPU) the host reads step t's tokens, updates its requests, fills step t+1's masks and samples
-it, then proposes drafts, schedules and launches t+2 (its inputs from t+1's samples, gathered on
-the device) while the device runs t+1. At depth 0 (the CPU, where nothing runs beside the host)
-the same calls run and each step is read before the next is scheduled.
-
-The worker sees a step as two values only: its SchedulerOutput (scheduler/output.py) and its
-StepMasks (worker/step_io.py)."""
+(a GPU) the host reads step t's tokens, fills step t+1's masks and samples it, then proposes
+drafts and launches t+2 while the device runs t+1; at depth 0 (the CPU) the same calls run and
+each step is read before the next is scheduled. The worker sees a step as two values: its
+SchedulerOutput and its StepMasks."""
 from __future__ import annotations
 
 import logging
@@ -42,8 +39,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class InFlight:
-    """A step between its launch and its update: the plan it ran, its row layout, and its
-    tokens once sampled (on their way to the host)."""
+    """A step between its launch and its update."""
     plan: StepPlan
     rows: RowMap
     mask_rows: list[int]  # (N,) per sampled row its bitmask row, -1: unconstrained
@@ -68,7 +64,6 @@ class Engine:
             on_gpu=on_gpu)
         self.executor = make_executor(config, model_config, vocab_size=self.vocab_size,
                                       step_times=self.step_times)
-        self.runner = getattr(self.executor, "runner", None)  # in-process (tensor parallel 1)
         self.max_model_len = self.executor.max_model_len
         self.block_manager = BlockManager(self.executor.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
@@ -95,8 +90,7 @@ class Engine:
                  self.max_model_len, "overlapped" if self.depth else "synchronous")
 
     @property
-    def compiler(self):
-        """The grammar compiler, built on first use (its backends are heavy imports)."""
+    def compiler(self):  # built on first use: its backends are heavy imports
         if self._compiler is None:
             from guided.fsm.compiler import GrammarCompiler
 
@@ -106,7 +100,6 @@ class Engine:
 
     @property
     def drafts(self) -> DraftProposer:
-        """Jump-forward proposals (built with the compiler: constrained requests only)."""
         if self._drafts is None:
             self._drafts = DraftProposer(
                 self._encoder, self.compiler.vocab.token_bytes, max_model_len=self.max_model_len,
@@ -303,8 +296,7 @@ class Engine:
         self._finish(request, "error", error="internal engine error")
 
     def _append(self, request: Request, tokens: list[int], logprobs: list | None) -> int:
-        """Appends a row's tokens; returns how many were appended (tokens past a finish are
-        dropped)."""
+        """Appends a row's tokens up to a finish; returns how many."""
         num, finish = append_tokens(request, tokens, logprobs, decode=self._decode,
                                     max_model_len=self.max_model_len,
                                     decode_at_finish=False)  # decoded with the outputs
@@ -339,9 +331,8 @@ class Engine:
     def _collect_outputs(self) -> list[RequestOutput]:
         outputs = []
         for request in self._changed.values():
-            # decoded here, not where it finished: under overlap the outputs are collected
-            # after the next step's launch, so a batch finishing together no longer holds up
-            # a sampling (RESULTS, session 21)
+            # decoded here, after the next step's launch, not where it finished: a batch
+            # finishing together does not hold up a sampling
             if request.is_finished and not request.params.text_per_step:
                 detokenize_final(self._decode, request)
             outputs.append(output_of(request))

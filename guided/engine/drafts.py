@@ -17,17 +17,12 @@ from guided.worker.step_times import StepTimes
 log = logging.getLogger(__name__)
 
 MAX_JUMP_FORWARD_TOKENS = 32  # drafts per request and step (forced text, then lookup)
-# up to this many prompt-lookup draft tokens past the forced text (the last 2-4 tokens matched
-# earlier in the request's tokens), verified like the forced ones
-LOOKUP_DRAFT_TOKENS = 4
-# lookup guesses only while at most this many requests run, as vLLM turns speculation off by
-# batch size: past the GPU's memory-bound knee a guess costs verify compute, a mask row and its
-# proposal (H200, default model at 256: constrained throughput +9% without them; RESULTS,
-# session 10)
+LOOKUP_DRAFT_TOKENS = 4  # prompt-lookup guesses past the forced text, verified like it
+# lookup guesses only up to this batch (as vLLM turns speculation off by batch size): past the
+# memory-bound knee a guess costs more verify compute than it saves (RESULTS: +9% at 256 without)
 LOOKUP_MAX_BATCH = 128
-# overlapped scheduling: drafts anchored on a request's in-flight sample only while such
-# proposals gain at least this many tokens each on average (a random-weights model gains ~0 and
-# its drafts cost more than they save; RESULTS, session 11)
+# anchored drafts (on the in-flight sample) only while they gain this many tokens each on
+# average: a random-weights model gains ~0 and pays the verify rows
 MIN_ANCHOR_GAIN = 0.5
 
 
@@ -51,19 +46,13 @@ def state_of(request: Request) -> DraftState:
 
 @dataclass(slots=True)
 class AnchorPayoff:
-    """What anchored proposals gained lately, over all requests (whether the model writes the
-    grammar's forced text in the tokens drafted is the model's trait): a running mean of the
-    tokens each gained against an unanchored step. A hit gains its kept drafts, less the step
-    after it when a draft was rejected (that step, in flight, assumed them all: it is voided);
-    a miss gains nothing (its first row stands, its drafts' rows were spent).
+    """A running mean of what anchored proposals gained against an unanchored step, over all
+    requests (writing the grammar's forced text in the drafted tokens is the model's trait). A
+    hit gains its kept drafts, less the voided step after it if one was rejected; a miss, 0.
 
-    While the mean is below the bar, one step in probe_every (at random) still anchors about
-    probes_per_step of its proposals (at random: a fixed stride would probe the same requests
-    of a steady batch), to see again. Few probes, gathered in few steps: each probe may void
-    its request's next step, and any draft in a step makes it a verify step whose padded
-    tokens a large model pays for in every layer (one in eight proposals probed at 256
-    requests made 103-141 of ~270 steps verify steps on a random 8B, benchmarks/RESULTS.md,
-    session 17)."""
+    Below the bar, one step in probe_every (at random) still anchors about probes_per_step of
+    its proposals, to see again: few probes in few steps, since every draft makes its step a
+    verify step whose padded rows a large model pays for in every layer."""
     min_gain: float = MIN_ANCHOR_GAIN
     mean_gain: float = 1.0  # drafts are tried first
     weight: float = 1 / 64
@@ -77,7 +66,6 @@ class AnchorPayoff:
         self.mean_gain += self.weight * (gain - self.mean_gain)
 
     def start_step(self) -> None:
-        """Once a step, before its proposals."""
         self.probing = self.rng.random() * self.probe_every < 1
 
     def allows(self, num_running: int = 1) -> bool:
@@ -112,10 +100,8 @@ class DraftProposer:
                     self.walk(request, ask)
 
     def plan(self, request: Request, *, num_running: int = 1) -> DraftAsk | None:
-        """The policy's half of a proposal for the request's next step (after the step in
-        flight, if any): clears its draft_token_ids / draft_anchor / num_forced_drafts and
-        says what the walk may look at (None: nothing to propose). Counts its cool-downs down.
-        num_running: the batch size, which decides whether lookup guesses are drafted."""
+        """Clears the request's drafts and says what the walk may look at (None: nothing to
+        propose); counts its cool-downs down."""
         inflight = request.inflight
         room = min(request.max_tokens - len(request.output_token_ids),
                    self.max_model_len - request.num_tokens) - request.num_inflight_samples - 1
@@ -137,7 +123,6 @@ class DraftProposer:
         return DraftAsk(room, lookup_tokens, assumed)
 
     def walk(self, request: Request, ask: DraftAsk) -> None:
-        """The walk's half, on the request's matcher (left where it was)."""
         try:
             lookup = None
             if ask.lookup_tokens:
@@ -151,20 +136,14 @@ class DraftProposer:
         except Exception:
             log.exception("jump-forward proposal failed for %s", request.request_id)
             result = None, [], 0
-        set_drafts(request, result)
+        request.draft_anchor, request.draft_token_ids, request.num_forced_drafts = result
 
     def _lookup_ready(self, request: Request) -> bool:
-        """Whether lookup guesses may be drafted (not while cooling down after misses)."""
         state = state_of(request)
         if state.lookup_skip:
             state.lookup_skip -= 1
             return False
         return True
-
-
-def set_drafts(request: Request, result: tuple[int | None, list[int], int]) -> None:
-    """A proposal's (anchor, drafts, how many are forced text)."""
-    request.draft_anchor, request.draft_token_ids, request.num_forced_drafts = result
 
 
 def note_anchor_missed(request: Request, item: ScheduledRequest,
