@@ -64,6 +64,7 @@ class Engine:
             on_gpu=on_gpu)
         self.executor = make_executor(config, model_config, vocab_size=self.vocab_size,
                                       step_times=self.step_times)
+        self.runner = getattr(self.executor, "runner", None)  # in-process (tensor parallel 1)
         self.max_model_len = self.executor.max_model_len
         self.block_manager = BlockManager(self.executor.num_blocks, config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
