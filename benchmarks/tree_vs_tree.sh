@@ -11,6 +11,9 @@
 # PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
 # machine of several GPUs: same host, same moment); otherwise one after the other.
 # Prints one table row per tree and pass; rows go to $OUT/tree_vs_tree.jsonl too.
+# Each tree converts the default model into a cache of its own (/tmp/cache-old, /tmp/cache-new):
+# sharing one, a tree read the other's conversion and refused every grammar. CACHE_SEED: a
+# directory copied into both first (a tokenizer-only conversion: synthetic shapes without the GGUF).
 set -uo pipefail
 OLD=${OLD:-.dev/g/old}
 NEW=${NEW:-.dev/g/src}
@@ -20,8 +23,15 @@ export GUIDED_DEFAULT_GGUF=${GUIDED_DEFAULT_GGUF:-/tmp/art/SmolLM2-135M-Instruct
 WL=${WL:-/tmp/wl/json.jsonl}
 say() { echo "[$(date +%T)] $*" | tee -a "$OUT/tree_vs_tree.log"; }
 
+cache_for() {  # label: the tree's own model cache, seeded
+  local cache=/tmp/cache-$1
+  mkdir -p "$cache" && if [ -n "${CACHE_SEED:-}" ]; then cp -rn "$CACHE_SEED"/. "$cache"/; fi
+  echo "$cache"
+}
+
 serve() {  # tree label
   local tree=$1 label=$2
+  local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
   say "serve: $label ($tree)"
   PYTHONPATH=$tree:/tmp/site timeout 420 python3 "$tree/benchmarks/serve.py" \
     --launch "--model default" --workload "$WL" --num-requests 512 --concurrency 64,64 \
@@ -31,6 +41,7 @@ serve() {  # tree label
 
 offline() {  # tree label concurrency
   local tree=$1 label=$2 c=$3
+  local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
   say "offline: $label at $c ($tree)"
   PYTHONPATH=$tree:/tmp/site timeout 560 python3 "$tree/benchmarks/engine_offline.py" \
     --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
