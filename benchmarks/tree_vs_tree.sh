@@ -11,9 +11,10 @@
 # PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
 # machine of several GPUs: same host, same moment); otherwise one after the other.
 # Prints one table row per tree and pass; rows go to $OUT/tree_vs_tree.jsonl too.
-# Each tree converts the default model into a cache of its own (/tmp/cache-old, /tmp/cache-new):
-# sharing one, a tree read the other's conversion and refused every grammar. CACHE_SEED: a
-# directory copied into both first (a tokenizer-only conversion: synthetic shapes without the GGUF).
+# Each tree runs from its own directory (run from the repo root, the old tree refused every
+# grammar: most likely its compile processes imported the repo's guided/) with a model cache of
+# its own (/tmp/cache-old, /tmp/cache-new). CACHE_SEED: a directory copied into both first (a
+# tokenizer-only conversion: synthetic shapes without the GGUF).
 set -uo pipefail
 OLD=${OLD:-.dev/g/old}
 NEW=${NEW:-.dev/g/src}
@@ -33,19 +34,19 @@ serve() {  # tree label
   local tree=$1 label=$2
   local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
   say "serve: $label ($tree)"
-  PYTHONPATH=$tree:/tmp/site timeout 420 python3 "$tree/benchmarks/serve.py" \
+  (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 420 python3 benchmarks/serve.py \
     --launch "--model default" --workload "$WL" --num-requests 512 --concurrency 64,64 \
     --max-tokens 256 --temperature 0 --label "$label" --json-out "$OUT/tree_vs_tree.jsonl" \
-    2>>"$OUT/serve-$label.err" | tee -a "$OUT/tree_vs_tree.log"
+    2>>"$OUT/serve-$label.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
 offline() {  # tree label concurrency
   local tree=$1 label=$2 c=$3
   local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
   say "offline: $label at $c ($tree)"
-  PYTHONPATH=$tree:/tmp/site timeout 560 python3 "$tree/benchmarks/engine_offline.py" \
+  (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 560 python3 benchmarks/engine_offline.py \
     --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
-    --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err" | tee -a "$OUT/tree_vs_tree.log"
+    --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
 both() {  # function [args after the tree and label]
