@@ -7,6 +7,11 @@
 #
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
+#   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> $OUT/both.jsonl
+#
+# Each tree refuses a few schemas (not the same ones), so `common` runs first: one token of each
+# of the first 512 rows through both trees, keeping the rows both served; serve and offline then
+# read $OUT/both.jsonl when it is there (the same requests through both trees).
 #
 # PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
 # machine of several GPUs: same host, same moment); otherwise one after the other.
@@ -21,7 +26,8 @@ NEW=${NEW:-.dev/g/src}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export GUIDED_DEFAULT_GGUF=${GUIDED_DEFAULT_GGUF:-/tmp/art/SmolLM2-135M-Instruct.Q4_1.gguf}
-WL=${WL:-/tmp/wl/json.jsonl}
+ALL=${ALL:-/tmp/wl/json.jsonl}
+WL=$ALL; [ -s "$OUT/both.jsonl" ] && WL=$OUT/both.jsonl
 say() { echo "[$(date +%T)] $*" | tee -a "$OUT/tree_vs_tree.log"; }
 
 cache_for() {  # label: the tree's own model cache, seeded
@@ -49,6 +55,27 @@ offline() {  # tree label concurrency
     --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
+served() {  # tree label: one token of each of the first 512 rows -> $OUT/kept-LABEL.json
+  local tree=$1 label=$2
+  local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
+  say "common: $label ($tree)"
+  (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 560 python3 benchmarks/engine_offline.py \
+    --model synthetic:llama-3-8b --workload "$ALL" --num-requests 512 --max-tokens 1 \
+    2>>"$OUT/common-$label.err" | tail -1 > "$OUT/kept-$label.json")
+}
+
+common() {
+  both served
+  python3 - "$ALL" "$OUT/kept-old.json" "$OUT/kept-new.json" > "$OUT/both.jsonl" <<'PY'
+import json, sys
+rows = open(sys.argv[1]).read().splitlines()
+old, new = (json.load(open(path))["lengths"] for path in sys.argv[2:])
+print("\n".join(r for r, a, b in zip(rows, old, new) if a > 0 and b > 0))
+print(f"rows both trees serve: {sum(a > 0 and b > 0 for a, b in zip(old, new))} of {len(old)}"
+      f" (old refused {old.count(0)}, new {new.count(0)})", file=sys.stderr)
+PY
+}
+
 both() {  # function [args after the tree and label]
   local fn=$1; shift
   if [ -n "${PAIR_GPUS:-}" ]; then
@@ -64,5 +91,6 @@ both() {  # function [args after the tree and label]
 case ${1:-serve} in
   serve) both serve ;;
   offline) both offline "${2:-64}" ;;
-  *) echo "usage: $0 serve | offline CONCURRENCY" >&2; exit 2 ;;
+  common) common 2>&1 | tee -a "$OUT/tree_vs_tree.log" ;;
+  *) echo "usage: $0 serve | offline CONCURRENCY | common" >&2; exit 2 ;;
 esac
