@@ -7,11 +7,11 @@
 #
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
-#   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> $OUT/both.jsonl
+#   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> /tmp/wl/both.jsonl
 #
 # Each tree refuses a few schemas (not the same ones), so `common` runs first: one token of each
 # of the first 512 rows through both trees, keeping the rows both served; serve and offline then
-# read $OUT/both.jsonl when it is there (the same requests through both trees).
+# read /tmp/wl/both.jsonl when it is there (the same requests through both trees).
 #
 # PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
 # machine of several GPUs: same host, same moment); otherwise one after the other.
@@ -27,7 +27,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export GUIDED_DEFAULT_GGUF=${GUIDED_DEFAULT_GGUF:-/tmp/art/SmolLM2-135M-Instruct.Q4_1.gguf}
 ALL=${ALL:-/tmp/wl/json.jsonl}
-WL=$ALL; [ -s "$OUT/both.jsonl" ] && WL=$OUT/both.jsonl
+WL=$ALL; [ -s "/tmp/wl/both.jsonl" ] && WL=/tmp/wl/both.jsonl
 say() { echo "[$(date +%T)] $*" | tee -a "$OUT/tree_vs_tree.log"; }
 
 cache_for() {  # label: the tree's own model cache, seeded
@@ -66,7 +66,7 @@ served() {  # tree label: one token of each of the first 512 rows -> $OUT/kept-L
 
 common() {
   both served
-  python3 - "$ALL" "$OUT/kept-old.json" "$OUT/kept-new.json" > "$OUT/both.jsonl" <<'PY'
+  python3 - "$ALL" "$OUT/kept-old.json" "$OUT/kept-new.json" > "/tmp/wl/both.jsonl" <<'PY'
 import json, sys
 rows = open(sys.argv[1]).read().splitlines()
 old, new = (json.load(open(path))["lengths"] for path in sys.argv[2:])
