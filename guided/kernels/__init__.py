@@ -1,5 +1,4 @@
-"""GPU kernels (Triton), each beside its torch reference (<op>_ref.py): what the CPU runs and
-what the kernel is tested against."""
+"""Triton kernels, each beside its torch reference (<op>_ref.py), which the CPU runs."""
 from __future__ import annotations
 
 import os
@@ -16,8 +15,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def use_triton(t: torch.Tensor) -> bool:
-    """The kernel on a GPU, or on the CPU in Triton's interpreter (TRITON_INTERPRET=1, the
-    kernel tests); else the reference."""
+    """The kernel on a GPU or in Triton's interpreter (TRITON_INTERPRET=1); else the reference."""
     if t.device.type == "cpu":
         return triton is not None and os.environ.get("TRITON_INTERPRET", "0") == "1"
     if triton is None:

@@ -9,11 +9,8 @@ Token t of request b lives at ``(block_tables[b, t // block_size], t % block_siz
         s_t    = scale * <q[i, h], K_b[t, kvh]>   for t <= ctx + i  # causal with the offset
         out    = sum_t softmax(s)_t * V_b[t, kvh]                    # softmax in fp32
 
-The split-K kernel (short queries: decode, verification of drafts) splits each context into
-partitions across programs, each program taking all of a request's query tokens (up to a tile)
-for all query heads of one kv head, and a second launch merges the partial (max, sum, acc); the
-prefill kernel tiles queries of one request against kv tiles gathered through the block table
-(flash-attention style).
+The split-K kernel (short queries) splits each context across programs and a second launch
+merges the partial (max, sum, acc); the prefill kernel is flash attention over the block table.
 """
 from __future__ import annotations
 
@@ -27,7 +24,6 @@ if triton is not None:
     @triton.jit
     def _load_kv_tile(cache_ptr, bt_row_ptr, t, t_mask, kv_head, d, stride_b, stride_t, stride_h,
                       BLOCK_SIZE: tl.constexpr):
-        """[BLOCK_N, D] keys or values of positions t, gathered through the block table."""
         block = tl.load(bt_row_ptr + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
         ptrs = (cache_ptr + block[:, None] * stride_b + (t % BLOCK_SIZE)[:, None] * stride_t
                 + kv_head * stride_h + d[None, :])
@@ -44,9 +40,7 @@ if triton is not None:
     ):
         """Program (request b and its query tile, kv head, split): the tile's QTILE query tokens
         times the GROUP query heads of that kv head, as the rows of one dot, over kv positions
-        [split * part_len, (split + 1) * part_len), causal with the offset, online softmax. Each
-        K/V tile is read once for all of them: a decode step (QTILE 1) or a verification step (the
-        sampled token plus drafts) costs about one pass over the cache."""
+        [split * part_len, (split + 1) * part_len), online softmax: each K/V tile is read once."""
         b = tl.program_id(0) // num_tiles
         tile = tl.program_id(0) % num_tiles
         kv_head = tl.program_id(1)
@@ -175,10 +169,8 @@ if triton is not None:
                  o.to(out_ptr.dtype.element_ty), mask=i_mask[:, None])
 
 
-# batches whose longest query is at most this many tokens (decode, verification of drafts, short
-# chunks) run on the split-K kernel, which reads each K/V tile once per kv head for all of a
-# request's query tokens; longer ones on the flash-attention kernel. Measured on an H200 (RESULTS,
-# session 8): verification on the flash kernel cost ~4x a decode step's attention
+# longest queries up to this (decode, verification, short chunks) run on the split-K kernel,
+# which reads each K/V tile once for all of a request's query tokens; longer ones on flash
 MAX_SHORT_QUERY_LEN = 32
 MAX_DECODE_ROWS = 64  # query tokens x query heads in one program of the split-K kernel
 
@@ -245,11 +237,8 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Attention of the packed new tokens q [T, Hq, D] over the paged cache; out [T, Hq, D].
-
-    max_seq_len bounds seq_lens (None: block_tables.shape[1] * block_size, no device sync);
-    num_splits forces the decode kernel's partitions per context (None: fill the GPU).
-    """
+    """q [T, Hq, D] over the paged cache -> out [T, Hq, D]. max_seq_len bounds seq_lens (None:
+    the block table's width); num_splits forces the split-K partitions (None: fill the GPU)."""
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     if not use_triton(q):
         return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,

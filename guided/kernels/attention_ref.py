@@ -1,5 +1,5 @@
-"""Torch references for paged attention (guided/kernels/attention.py): what the CPU engine runs
-and what the Triton kernels are tested against. Same cache layout and semantics as there."""
+"""Torch references for paged attention (kernels/attention.py gives the semantics): what the
+CPU runs and what the kernels are tested against."""
 from __future__ import annotations
 
 import torch
@@ -53,8 +53,7 @@ def paged_attention_ref(
     max_query_len: int,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Torch reference (attention.py's module docstring). q [T, Hq, D] -> out [T, Hq, D] in
-    q's dtype."""
+    """q [T, Hq, D] -> out [T, Hq, D] in q's dtype."""
     num_reqs = block_tables.shape[0]
     out = torch.empty_like(q)  # [T, Hq, D]
     lens = seq_lens.tolist()

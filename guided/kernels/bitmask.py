@@ -1,9 +1,8 @@
 """Grammar bitmask on the logits: fused mask + temperature + Gumbel-max sample, and in-place mask.
 
-Bitmask layout (as xgrammar): int32 ``[num_mask_rows, ceil(vocab_size / 32)]``; bit ``j`` (little
-endian, ``(word >> j) & 1``) of word ``w`` set means token ``32 * w + j`` is allowed. Logits may be
-wider than the tokenizer's vocabulary (padded embeddings): columns ``>= vocab_size`` are never
-allowed, on constrained and unconstrained rows alike.
+Bitmask layout (as xgrammar): int32 ``[num_mask_rows, ceil(vocab_size / 32)]``; bit ``j`` of word
+``w`` set means token ``32 * w + j`` is allowed. Columns ``>= vocab_size`` (padded embeddings) are
+never allowed, on constrained and unconstrained rows alike.
 
 Sampling is Gumbel-max with counter-based noise, so a (seed, column) pair always draws the same
 noise, on the GPU and in the torch reference, with no device sync and no generator state::
@@ -16,10 +15,8 @@ noise, on the GPU and in the torch reference, with no device sync and no generat
                logit_bj                otherwise            # greedy
     token_b  = argmax_j over allowed j of score_bj, ties -> lowest j
 
-A row whose allowed scores are all -inf (no allowed token at all, or only -inf logits) returns
-token 0. The hash is bit-identical between torch and Triton; ``log2`` may differ by an ulp or two
-between libraries (the GPU uses the fast approximate one), which can only flip a sample whose two
-best scores are within ~1e-6 of each other.
+A row with no allowed finite score returns token 0. The hash is bit-identical between torch and
+Triton; ``log2`` may differ by an ulp, which can only flip a near-tie within ~1e-6.
 """
 from __future__ import annotations
 
@@ -43,8 +40,8 @@ if triton is not None:
         x = x * 0xC2B2AE35
         return x ^ (x >> 16)
 
-    # num_splits follows the batch size: specialized on it (== 1, divisible by 16), a batch
-    # size first seen mid-run would compile a variant (~0.1 s) inside a decode step
+    # num_splits follows the batch size: specialized on it, a batch size first seen mid-run
+    # would compile a variant inside a decode step
     @triton.jit(do_not_specialize=["num_splits"])
     def _masked_sample_kernel(
         logits_ptr, logits_row_stride, bitmask_ptr, bitmask_row_stride, mask_rows_ptr,
@@ -98,8 +95,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["num_splits"])
     def _argmax_splits_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits,
                               BLOCK_S: tl.constexpr):
-        """The first maximum over a row's splits, BLOCK_S splits at a time (one variant for
-        every split count); splits cover increasing columns, so a tie keeps the earlier."""
+        """The first maximum over a row's splits (increasing columns: a tie keeps the earlier)."""
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_S)
         best = tl.full([], float("-inf"), tl.float32)
@@ -122,7 +118,6 @@ if triton is not None:
         num_cols, vocab_size, bitmask_cols,
         BLOCK: tl.constexpr,
     ):
-        """logits[row, cols] = -inf where not allowed."""
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask_row = tl.load(mask_rows_ptr + row).to(tl.int64)
@@ -135,7 +130,7 @@ if triton is not None:
         else:
             allowed = cols < vocab_size
         row_ptr = logits_ptr + row.to(tl.int64) * logits_row_stride
-        # read + full-width write: scattered masked stores measured ~3x slower on an H200
+        # read + full-width write: scattered masked stores measured ~3x slower
         x = tl.load(row_ptr + cols, mask=in_range)
         tl.store(row_ptr + cols, tl.where(allowed, x, float("-inf")), mask=in_range)
 
@@ -147,8 +142,7 @@ _APPLY_BLOCK = 2048
 
 def _checked_mask_rows(logits: torch.Tensor, bitmask: torch.Tensor | None,
                       mask_rows: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
-    """Raises on a bad input; the mask rows to launch with (None beside a bitmask: row b reads
-    bitmask row b)."""
+    """Raises on a bad input; the mask rows to launch with."""
     if logits.dim() != 2 or logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be a 2-D float32/bfloat16/float16 tensor, got "
                          f"{tuple(logits.shape)} {logits.dtype}")

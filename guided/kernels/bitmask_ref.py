@@ -1,6 +1,5 @@
-"""Torch references for the bitmask kernels (guided/kernels/bitmask.py, whose docstring gives
-the layout and the sampling function): what the CPU engine runs and what the Triton kernels are
-tested against, bit for bit."""
+"""Torch references for the bitmask kernels (kernels/bitmask.py gives the layout and the
+sampling function): what the CPU runs and what the kernels are tested against, bit for bit."""
 from __future__ import annotations
 
 import torch
@@ -14,7 +13,7 @@ _LN2 = 0.6931471805599453
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), without int64 overflow (split c in halves)."""
+    """(x * c) mod 2**32 for x in [0, 2**32), without int64 overflow (c split in halves)."""
     lo = x * (c & 0xFFFF)
     hi = ((x * (c >> 16)) & 0xFFFF) << 16
     return (lo + hi) & _MASK32
@@ -54,8 +53,7 @@ def allowed_mask_ref(
     *,
     vocab_size: int,
 ) -> torch.Tensor:
-    """[num_rows, num_cols] bool: token allowed for logits row b (rows with mask_rows -1: all
-    columns below vocab_size). mask_rows None means row b uses bitmask row b."""
+    """[num_rows, num_cols] bool (mask_rows None: row b uses bitmask row b)."""
     device = bitmask.device if bitmask is not None else "cpu"
     cols = torch.arange(num_cols, device=device)
     in_vocab = (cols < vocab_size)[None, :].expand(num_rows, num_cols)  # [B, V]
@@ -83,7 +81,6 @@ def masked_sample_ref(
     *,
     vocab_size: int,
 ) -> torch.Tensor:
-    """The exact function of the kernel (module docstring), in torch. Returns [B] int64."""
     num_rows, num_cols = logits.shape
     if bitmask is None:
         mask_rows = None
@@ -106,7 +103,6 @@ def apply_token_bitmask_ref_(
     *,
     vocab_size: int,
 ) -> None:
-    """In place: disallowed tokens and columns >= vocab_size -> -inf."""
     num_rows, num_cols = logits.shape
     allowed = allowed_mask_ref(bitmask, mask_rows, num_rows, num_cols, vocab_size=vocab_size)
     logits.masked_fill_(~allowed.to(logits.device), float("-inf"))

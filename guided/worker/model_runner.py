@@ -1,6 +1,5 @@
-"""The worker: owns the model and its KV cache on one device; runs each step it is handed (a
-SchedulerOutput, then its StepMasks) and keeps the steps in flight. It knows no request, grammar
-or scheduler: everything it needs comes in those two values."""
+"""The worker: the model and its KV cache on one device; runs each step it is handed (a
+SchedulerOutput, then its StepMasks). It knows no request, grammar or scheduler."""
 from __future__ import annotations
 
 import logging
@@ -47,9 +46,8 @@ class StepInputs:
 
 
 class ModelRunner:
-    """One rank's worker: the whole model at ctx.world_size 1, else rank ctx.rank's shard of it
-    (models/parallel.py) with the KV cache of its KV heads; the logits and the samples are whole
-    and equal on every rank. One step is launched and not yet sampled at a time."""
+    """One rank's model (its shard, and the KV cache of its KV heads, at world size > 1); the
+    logits and samples are whole and equal on every rank. One step is in flight at a time."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, reader: WeightReader, *,
                  vocab_size: int, ctx: ParallelContext = SINGLE,
@@ -62,7 +60,7 @@ class ModelRunner:
         self.times = step_times or StepTimes()
         self.model_config = model_config
         self.device = resolve_device(config)
-        if ctx.world_size > 1:  # one device per rank: cuda:LOCAL_RANK
+        if ctx.world_size > 1:
             self.device = rank_device(self.device.type)
         self.dtype = resolve_dtype(config, self.device)
         self.vocab_size = vocab_size  # the tokenizer's: logits columns past it are never sampled
@@ -73,29 +71,26 @@ class ModelRunner:
                                  ctx=ctx)
         if self.device.type == "cuda":
             self.model.use_compiled_ops()
-        self.num_kv_heads = self.model.layout.num_kv_heads  # this rank's
+        self.num_kv_heads = len(self.model.layout.kv_heads)  # this rank's
         self.num_blocks = self._size_kv_cache()
         cfg = model_config
-        # (L, 2, num_blocks + 1, block_size, Hkv, D): one allocation, per-layer (k, v) views;
-        # the extra block is scratch space for the padding rows of CUDA graphs
-        # zeroed on the CPU: the torch reference gathers whole blocks, unwritten slots included
+        # (L, 2, num_blocks + 1, block_size, Hkv, D); the extra block: CUDA graphs' padding.
+        # Zeroed on the CPU: the torch reference gathers whole blocks, unwritten slots included
         alloc = torch.zeros if self.device.type == "cpu" else torch.empty
         self.kv_cache = alloc(cfg.num_layers, 2, self.num_blocks + 1, self.block_size,
                               self.num_kv_heads, cfg.head_dim, dtype=self.dtype,
                               device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
-        # host mask buffers taken in turn, each reused once its last copy to the device has run:
-        # a fresh pinned tensor per step is a page-locking allocation on the step's critical
-        # path (~2.5 ms a step under a profiler on an H200 at concurrency 64)
+        # host mask buffers taken in turn, each reused once its copy to the device has run: a
+        # fresh pinned tensor per step would page-lock memory on the step's critical path
         self._mask_buffers: list[torch.Tensor | None] = [None, None]
         self._mask_copied: list[torch.cuda.Event | None] = [None, None]
         self._next_mask = 0
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
-            # at world size > 1 the graphs hold the layers' all-reduces (NCCL collectives are
-            # captured like kernels); every rank captures the same graphs in the same order
+            # at world size > 1 every rank captures the same graphs (and all-reduces) in order
             self.graphs = StepGraphs(
                 self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 512),
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
@@ -105,15 +100,13 @@ class ModelRunner:
         self._last_sampled: DeviceSample | None = None  # its ids feed the next placeholders
 
     def kv_bytes_per_block(self) -> int:
-        """This rank's bytes of one KV block (its KV heads only)."""
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
         return 2 * cfg.num_layers * self.block_size * self.num_kv_heads * cfg.head_dim * elem
 
     def _size_kv_cache(self) -> int:
-        """The blocks every rank has room for: a block id means the same tokens on each rank,
-        so the rank with the least room sets the number (all ranks take part, even where one
-        has no room, so that none waits for a rank that gave up)."""
+        """The blocks every rank has room for (a block id means the same tokens on each rank);
+        every rank takes part, even one without room, so none waits for a rank that gave up."""
         num = self._blocks_with_room()
         if self.ctx.world_size > 1:
             num = self.ctx.all_min(num)
@@ -127,8 +120,7 @@ class ModelRunner:
             return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
         if self.device.type == "cuda":
-            # gpu_memory_utilization is this engine's share of the GPU (weights, activations and
-            # KV together), as in vLLM, so two engines at 0.4 each fit on one GPU
+            # gpu_memory_utilization: this engine's share of the GPU, weights included (vLLM's)
             free, total = torch.cuda.mem_get_info(self.device)
             weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
             reserve = (self.config.max_num_batched_tokens
@@ -141,15 +133,13 @@ class ModelRunner:
 
     @property
     def max_draft_tokens(self) -> int | None:
-        """Drafts per request that keep a verify step inside a CUDA graph (None: no limit)."""
+        """Drafts per request that keep a verify step in a CUDA graph (None: no limit)."""
         return None if self.graphs is None else MAX_QUERY_LEN - 1
 
-    # -- one step -----------------------------------------------------------------------------
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         return list_tensor(values, dtype).to(self.device, non_blocking=True)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """The step's tensors, their copies to the device queued."""
         meta = AttentionMetadata(
             slot_mapping=self._to_device(out.slot_mapping, torch.int64),
             block_tables=self._to_device(out.block_tables, torch.int32),
@@ -162,8 +152,7 @@ class ModelRunner:
                           self._to_device(out.logits_indices, torch.int64))
 
     def launch(self, out: SchedulerOutput) -> None:
-        """Queue the step's forward pass and logits (not waited for). Its placeholder inputs
-        are the last sampled step's ids, on the device (queued after that step's sampling)."""
+        """Queue the forward pass and logits; placeholder inputs are the last sampled ids."""
         if self._launched is not None:
             raise RuntimeError("a step is launched and not sampled yet")
         with self.times.phase("prepare"):
@@ -180,7 +169,6 @@ class ModelRunner:
         self._launched = (out.sampling, logits)
 
     def _forward(self, inputs: StepInputs, *, has_drafts: bool) -> torch.Tensor:
-        """The hidden states, from a CUDA graph where one fits."""
         meta, num_tokens = inputs.meta, inputs.input_ids.shape[0]
         key = None if self.graphs is None else self.graphs.pick(meta, num_tokens,
                                                                 has_drafts=has_drafts)
@@ -191,7 +179,7 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
 
     def new_bitmask(self, num_rows: int) -> torch.Tensor:
-        """An int32 (num_rows, mask_words) host buffer to fill; its old contents are garbage."""
+        """An int32 (num_rows, mask_words) host buffer to fill (old contents: garbage)."""
         slot = self._next_mask
         self._next_mask = (slot + 1) % len(self._mask_buffers)
         copied, self._mask_copied[slot] = self._mask_copied[slot], None
@@ -208,7 +196,7 @@ class ModelRunner:
         return buffer[:num_rows]
 
     def _mask_to_device(self, rows: torch.Tensor) -> torch.Tensor:
-        """Queue rows' copy to the device; the buffer they came from waits for it."""
+        """Queue rows' copy to the device; their buffer is reused after it."""
         if self.device.type != "cuda":
             return rows
         on_device = rows.to(self.device, non_blocking=True)
@@ -222,7 +210,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, masks: StepMasks | None) -> DeviceSample:
-        """Queue the launched step's masked sampling and the copy of its ids to the host."""
         if self._launched is None:
             raise RuntimeError("nothing launched to sample")
         (rows, logits), self._launched = self._launched, None
@@ -240,7 +227,6 @@ class ModelRunner:
         return self._last_sampled
 
     def forget(self) -> None:
-        """After a failed step: nothing in flight any more."""
         self._launched = self._last_sampled = None
 
     def shutdown(self) -> None:
@@ -249,7 +235,6 @@ class ModelRunner:
 
 def make_executor(config: EngineConfig, model_config: ModelConfig, *, vocab_size: int,
                   step_times: StepTimes):
-    """LocalExecutor at tensor_parallel_size 1, else one worker process per rank."""
     if config.tensor_parallel_size == 1:
         reader = loader.weight_reader(config.model, config.seed)
         return LocalExecutor(ModelRunner(config, model_config, reader, vocab_size=vocab_size,
@@ -260,9 +245,8 @@ def make_executor(config: EngineConfig, model_config: ModelConfig, *, vocab_size
 
 
 class LocalExecutor:
-    """tensor_parallel_size 1: the engine drives the one runner in its own process (no process
-    hop on the step's path); MultiprocExecutor (worker/multiproc.py) takes the same calls to one
-    process per rank. Both say what the engine sizes itself by."""
+    """tensor_parallel_size 1: the runner in the engine's process. MultiprocExecutor takes the
+    same calls to one process per rank."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner

@@ -1,19 +1,13 @@
-"""The executor of tensor_parallel_size > 1: one worker process per rank (worker/rank_process.py)
-and the typed messages they exchange, each pickled once and written to every rank's pipe.
+"""tensor_parallel_size > 1: one worker process per rank (worker/rank_process.py) and the
+typed messages they exchange, each pickled once and written to every rank's pipe.
 
-    engine -> every rank:  WorkerSpec once, then per step Launch(step, SchedulerOutput) and
-                           Sample(step, MaskSlot | None); Forget after a failed step; Stop
+    engine -> every rank:  WorkerSpec, then per step Launch and Sample; Forget; Stop
     every rank -> engine:  Ready once; Failed(rank, error) when it cannot go on
     rank 0 -> engine:      Sampled(step, RunnerOutput) per step
 
-A step's bitmask rows do not travel in Sample: the engine fills them straight into a slot of
-shared memory (worker/shared_bitmasks.py) and Sample names the slot.
-
-The ranks join over env:// (MASTER_ADDR / MASTER_PORT from the environment where set, else this
-host and a free port; RANK / WORLD_SIZE / LOCAL_RANK per rank, as torchrun sets them). Waiting on
-a rank also watches every rank's process (a pidfd each): a rank that dies (kill -9, OOM) or
-reports a failure makes the executor raise WorkerDied at once, and every later call raise it too;
-shutdown() stops the ranks (Stop, then SIGKILL past a grace period) and reaps them."""
+Bitmask rows travel through shared memory (worker/shared_bitmasks.py); Sample names the slot.
+The ranks join over env:// as torchrun sets it. A rank that dies or fails (seen at once through
+a pidfd per process) makes this and every later call raise WorkerDied."""
 from __future__ import annotations
 
 import atexit
@@ -49,7 +43,7 @@ STOP_GRACE_S = 10.0  # a rank told to stop leaves the group and exits; past this
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What a rank is started with (its first message): it builds its shard from these."""
+    """A rank's first message: it builds its shard from these."""
     config: EngineConfig
     model_config: ModelConfig
     vocab_size: int
@@ -61,8 +55,7 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class MaskSlot:
-    """Where a step's bitmask rows lie: rows [0, num_rows) of slot `slot`'s shared segment,
-    the file `path` (a slot's segment is replaced when it grows)."""
+    """A step's bitmask rows: rows [0, num_rows) of slot `slot`'s segment, the file `path`."""
     slot: int
     path: str
     num_rows: int
@@ -83,7 +76,7 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class Forget:
-    """A step failed on the engine's side: drop the steps in flight (launched, last sampled)."""
+    """A step failed on the engine's side: drop the steps in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +86,7 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """A rank has built its shard and its KV cache (num_blocks: agreed over all ranks)."""
+    """A rank's shard and KV cache are built (num_blocks: agreed over all ranks)."""
     rank: int
     num_blocks: int
     max_model_len: int
@@ -134,8 +127,7 @@ def free_port() -> int:
 
 
 class RankHandle:
-    """The engine's end of one rank: its process, its pipe, a pidfd that wakes wait() when the
-    process ends."""
+    """The engine's end of one rank: its process, its pipe, a pidfd that wakes wait() at exit."""
 
     def __init__(self, rank: int, env: dict[str, str]):
         ours, theirs = socket.socketpair()
@@ -213,7 +205,6 @@ class MultiprocExecutor:
         return PendingTokens(self, self._step)
 
     def forget(self) -> None:
-        """After a failed step: nothing in flight any more, here and on the ranks."""
         self._launched = False
         self._pending.clear()
         if self._error is None:
@@ -230,7 +221,7 @@ class MultiprocExecutor:
                 self._died(f"a rank's pipe broke ({e})")
 
     def tokens_of(self, step: int) -> RunnerOutput:
-        """Step `step`'s tokens from rank 0 (older steps' results, forgotten, are dropped)."""
+        """Step `step`'s tokens from rank 0 (older, forgotten steps' are dropped)."""
         while step not in self._pending:
             message = self._receive(self.ranks[0], Sampled, deadline=None)
             if message.step >= step:
@@ -238,9 +229,7 @@ class MultiprocExecutor:
         return self._pending.pop(step)
 
     def _receive(self, handle: RankHandle, kind: type, *, deadline: float | None):
-        """The next message of `kind` from handle's rank, while watching every rank: a Failed
-        message or a process gone from any of them raises WorkerDied. Other ranks' messages
-        read meanwhile wait in their inbox."""
+        """The next `kind` from handle's rank; any rank's Failed or exit raises WorkerDied."""
         self._check_alive()
         watched = {h.conn: h for h in self.ranks}
         watched.update({h.pidfd: h for h in self.ranks if h.pidfd is not None})
@@ -263,8 +252,7 @@ class MultiprocExecutor:
             self._check_alive()  # no pidfd (old kernels): poll the processes
 
     def _last_words(self, handle: RankHandle) -> str:
-        """Why a rank's process ended (or closed its pipe): the failure it reported, else how
-        it exited."""
+        """Why a rank ended: the failure it reported, else how it exited."""
         try:
             handle.process.wait(timeout=STOP_GRACE_S)  # its pipe closes as it exits
         except subprocess.TimeoutExpired:
@@ -309,8 +297,7 @@ class MultiprocExecutor:
             handle.process.wait()
 
     def shutdown(self) -> None:
-        """Stop the ranks (Stop; SIGKILL whoever is still there after STOP_GRACE_S), reap them
-        and free the shared memory."""
+        """Stop, then SIGKILL whoever is left after STOP_GRACE_S; reap; free shared memory."""
         if self._error is None and self.ranks:
             try:
                 self._broadcast(Stop())
@@ -349,14 +336,13 @@ class PendingTokens:
 
 def rank_env(rank: int, world_size: int, device_type: str, master_port: str
              ) -> dict[str, str]:
-    """A rank's environment: the env:// rendezvous as torchrun sets it, this tree on its path."""
+    """The env:// rendezvous as torchrun sets it, and this tree on the rank's path."""
     env = dict(os.environ)
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.update(MASTER_PORT=master_port, RANK=str(rank), WORLD_SIZE=str(world_size),
                LOCAL_RANK=str(rank))
     if device_type == "cpu":  # torch's threads: the host's cores shared out between the ranks
         env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // world_size))
-    # the ranks import the same guided as this process
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env

@@ -1,13 +1,10 @@
-"""One tensor-parallel rank's process: `python -m guided.worker.rank_process FD`, started by the
-engine (worker/multiproc.py) with the env:// rendezvous in its environment (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its end of a socket pair as FD.
+"""One tensor-parallel rank: `python -m guided.worker.rank_process FD`, started by
+worker/multiproc.py with the env:// rendezvous in its environment and its pipe as FD.
 
-It joins the ranks, builds its shard (a ModelRunner over its ParallelContext), says Ready, then
-runs each step it is sent: Launch (the forward pass, queued) and Sample (the masked sampling).
-Every rank samples the same tokens (same logits after the gather, same masks, the same seeded
-Gumbel noise), so each keeps its own last sampled ids on its device for the next step's
-placeholders; rank 0 alone sends the tokens back. Any failure is reported (Failed) and ends the
-process: a rank that stopped halfway through a collective leaves the group unusable."""
+Every rank samples the same tokens (same gathered logits, masks and seeded noise), so each keeps
+its last sampled ids on its device for the next step's placeholders; rank 0 alone sends them
+back. Any failure is reported (Failed) and ends the process: a rank that stopped halfway through
+a collective leaves the group unusable."""
 from __future__ import annotations
 
 import faulthandler
@@ -43,8 +40,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """SIGKILL this process when the engine's goes (Linux): a rank blocked in a collective
-    would never read the closed pipe, and would hold its GPU forever."""
+    """SIGKILL this process when the engine's goes: a rank blocked in a collective would never
+    read the closed pipe, and would hold its GPU forever."""
     try:
         import ctypes
 
@@ -65,8 +62,7 @@ class RankWorker:
                                   vocab_size=spec.vocab_size, ctx=self.ctx)
         self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
                                 spec.world_size)
-        # rank 0 on a GPU: the tokens go back from a thread, so that waiting for step t's
-        # tokens never holds up the launch of t+1 (the engine sends it meanwhile)
+        # rank 0 on a GPU sends from a thread: waiting for step t's tokens never holds up t+1
         self._outbox: queue.Queue | None = None
         if spec.rank == 0 and self.runner.device.type == "cuda":
             self._outbox = queue.Queue()

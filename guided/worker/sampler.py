@@ -1,6 +1,6 @@
-"""Turn logits into tokens: the fused mask+sample kernel for plain rows, a torch path for
-top-k / top-p / min-p / penalties, both drawing the same seeded Gumbel noise, so a request's
-tokens depend on its seed and position only (not on its batch, nor on jump-forward)."""
+"""Logits to tokens: the fused mask+sample kernel for plain rows, a torch path for top-k /
+top-p / min-p / penalties, both with the same seeded Gumbel noise, so a request's tokens depend
+on its seed and position only (not on its batch, nor on jump-forward)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +14,8 @@ _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float3
 
 
 def list_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-    """torch.tensor(values, dtype=dtype) at about a third of the cost for long lists: numpy
-    converts Python numbers without torch's per-element dispatch (a step at 256 requests builds
-    ~10 such tensors, a 256 x 48 block table among them)."""
+    """torch.tensor(values, dtype=dtype) at a third of the cost for long lists (numpy converts
+    Python numbers without torch's per-element dispatch)."""
     return torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
 
 
@@ -62,7 +61,7 @@ def ban_stops_(logits: torch.Tensor, rows: SamplingRows) -> None:
 
 
 def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
-    """In place on temperature-scaled fp32 logits: outside top-k / top-p / min-p -> -inf."""
+    """In place on temperature-scaled fp32 logits."""
     for i in range(logits.shape[0]):
         row = logits[i]
         k, p, mp = rows.top_k[i], rows.top_p[i], rows.min_p[i]
@@ -81,9 +80,8 @@ def filter_top_k_top_p_min_p_(logits: torch.Tensor, rows: SamplingRows) -> None:
 
 
 class DeviceSample:
-    """A step's samples on the device, their copy to the host started at once (pinned buffer,
-    non-blocking) so the host can work meanwhile; result() waits for it. token_ids stays on the
-    device for the next step's placeholder inputs (overlapped scheduling)."""
+    """A step's samples, their copy to the host started at once; result() waits for it.
+    token_ids stays on the device for the next step's placeholder inputs."""
 
     def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int],
                  logprob_values: torch.Tensor | None, num_logprobs: list[int]):

@@ -1,14 +1,10 @@
-"""A step's bitmask rows in shared memory: the engine's mask filler writes them once, straight
-into a segment every rank maps, and the step's Sample message only names it (MaskSlot).
-
-    engine:  take(rows, step) -> a (rows, words) int32 view of slot k's segment to fill
-    rank r:  read(slot) -> the view (copied out at once), then consumed(r, step)
+"""A step's bitmask rows in shared memory: the engine fills them once, straight into a segment
+every rank maps, and the step's Sample only names it (MaskSlot).
 
 NUM_SLOTS segments are taken in turn (step t fills one while the ranks may still read t-1's), each
-grown to the most rows seen; a slot is filled again only after every rank has said it copied the
-last step's rows out of it (a counter per rank in a shared segment of its own). Segments are files
-in /dev/shm (no Python resource tracker: the engine creates them, ranks map them), unlinked as soon
-as every rank has mapped them, so that an engine killed outright leaves nothing behind."""
+grown to the most rows seen; a slot is refilled only once every rank has copied the last step's
+rows out (a counter per rank in a segment of its own). Segments are files in /dev/shm, unlinked
+as soon as every rank has mapped them, so that an engine killed outright leaves nothing behind."""
 from __future__ import annotations
 
 import mmap
@@ -33,8 +29,6 @@ def _shm_dir() -> Path:
 
 
 class Segment:
-    """A named file mapped into memory (created by the engine, opened by the ranks)."""
-
     def __init__(self, path: Path, size: int, *, create: bool):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
@@ -61,8 +55,6 @@ class Segment:
 
 
 class SharedBitmasks:
-    """The engine's side: mask rows to fill, in shared memory."""
-
     def __init__(self, words: int, num_ranks: int):
         self.words = words
         self.prefix = f"guided-{os.getpid()}-{id(self):x}"
@@ -83,8 +75,8 @@ class SharedBitmasks:
 
     def take(self, num_rows: int, step: int, *, wait: Callable[[], None]) -> tuple[
             torch.Tensor, int, str]:
-        """(an int32 (num_rows, words) view to fill, its slot, the segment's path). wait: called
-        between polls while a rank still reads the slot (raises if a rank has died)."""
+        """(an int32 (num_rows, words) view to fill, its slot, its path). wait: called between
+        polls while a rank still reads the slot (raises if a rank has died)."""
         self._unlink_mapped()
         slot = self._next
         self._next = (slot + 1) % NUM_SLOTS
@@ -107,7 +99,6 @@ class SharedBitmasks:
         return torch.from_numpy(rows), slot, str(segment.path)
 
     def sent(self, slot: int, step: int) -> None:
-        """Step `step`'s Sample, naming slot's segment, went to every rank."""
         if self._unlink_after[slot] == UNSENT:
             self._unlink_after[slot] = step
 
@@ -119,7 +110,7 @@ class SharedBitmasks:
                 self._unlink_after[slot] = None
 
     def unlink_counters(self) -> None:
-        """Once every rank has mapped the counters (they do before saying Ready)."""
+        """Every rank maps the counters before it says Ready."""
         self.consumed_segment.unlink()
 
     def close(self) -> None:
@@ -131,8 +122,7 @@ class SharedBitmasks:
 
 
 class MaskReader:
-    """A rank's side: the segments it has mapped, one per slot (a grown slot's new segment
-    replaces the old mapping)."""
+    """A rank's side: one mapped segment per slot (a grown slot's replaces the old one)."""
 
     def __init__(self, rank: int, consumed_path: str, words: int, num_ranks: int):
         self.rank = rank
@@ -142,7 +132,7 @@ class MaskReader:
         self._mapped: dict[int, Segment] = {}
 
     def read(self, slot: int, path: str, num_rows: int) -> torch.Tensor:
-        """The (num_rows, words) rows in the slot; valid until consumed() is called."""
+        """Valid until consumed() is called."""
         segment = self._mapped.get(slot)
         if segment is None or str(segment.path) != path:
             if segment is not None:

@@ -1,5 +1,4 @@
-"""The worker as the engine sees it: a step's masks go in as a value (StepMasks) and its tokens
-come back (RunnerOutput, through a SampledTokens handle), whichever executor runs it."""
+"""What crosses the engine/worker boundary, whichever executor runs the step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +9,7 @@ import torch
 
 @dataclass(slots=True)
 class StepMasks:
-    """A step's grammar masks as a value: the filled bitmask rows (token bans applied), and per
-    sampled row the row it reads (-1: unconstrained). To the worker a mask is a tensor."""
+    """The filled bitmask rows, and per sampled row the row it reads (-1: unconstrained)."""
     bitmask: torch.Tensor  # (R, ceil(V / 32)) int32 on the host
     mask_rows: list[int]  # (N,)
 
@@ -23,6 +21,4 @@ class RunnerOutput:
 
 
 class SampledTokens(Protocol):
-    """A step's tokens on their way to the host."""
-
     def result(self) -> RunnerOutput: ...

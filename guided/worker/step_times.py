@@ -1,5 +1,4 @@
-"""Where the host spends a step: seconds per phase, summed over steps (for benchmarks and
-debug logs; a few perf_counter calls per step)."""
+"""Host seconds per phase of a step, summed over steps (benchmarks and debug logs)."""
 from __future__ import annotations
 
 import time

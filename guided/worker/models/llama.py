@@ -23,9 +23,8 @@ from guided.worker.models.parallel import (
 )
 from guided.worker.models.weights import Piece, WeightReader, load_pieces
 
-# The model's elementwise pieces as pure functions. On the GPU, CUDA graphs run them through
-# torch.compile, which fuses each into one Triton kernel (~10 fewer tiny kernels per layer per
-# decode step); eager steps and the CPU run them as written.
+# The elementwise pieces as pure functions: CUDA graphs run them through torch.compile (one
+# fused kernel each); eager steps and the CPU run them as written.
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -35,7 +34,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual): the residual add fused with the next norm."""
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
 
@@ -59,11 +57,8 @@ EAGER = SimpleNamespace(rms_norm=rms_norm, add_rms_norm=add_rms_norm, rope=rope,
 
 
 def compiled_ops() -> SimpleNamespace:
-    def c(fn):
-        return torch.compile(fn, dynamic=True, fullgraph=True)
-
-    return SimpleNamespace(rms_norm=c(rms_norm), add_rms_norm=c(add_rms_norm), rope=c(rope),
-                           silu_mul=c(silu_mul))
+    return SimpleNamespace(**{name: torch.compile(fn, dynamic=True, fullgraph=True)
+                              for name, fn in vars(EAGER).items()})
 
 
 # each (num_blocks, block_size, num_kv_heads, head_dim); sharded: this rank's KV heads only
@@ -72,7 +67,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 @dataclass(slots=True)
 class AttentionMetadata:
-    """A step's attention inputs, shared by every layer (built once by the model runner)."""
+    """A step's attention inputs, shared by every layer."""
     slot_mapping: torch.Tensor  # (T,) int64: cache slot (block * block_size + offset) per new token
     block_tables: torch.Tensor  # (B, max_blocks) int32
     query_start_loc: torch.Tensor  # (B + 1,) int32: packed query offsets
@@ -124,7 +119,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """This rank's heads (all of them at world size 1): qkv column-parallel, o row-parallel."""
+    """This rank's heads: qkv column-parallel (one fused GEMM), o row-parallel."""
 
     def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
         super().__init__()
@@ -133,7 +128,6 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
-        # one fused projection: a single GEMM instead of three (checkpoints are fused at load)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
         self.o_proj = row_parallel_linear(self.q_size, cfg.hidden_size, ctx)
@@ -176,8 +170,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, layout, ctx)
 
     def forward(self, h, residual, positions, rope, kv_cache, meta, ops):
-        """h: this layer's normed input; residual: the stream before it (the residual adds are
-        fused into the norms)."""
+        """h: this layer's normed input; residual: the stream before it."""
         attn = self.self_attn(h, positions, rope, kv_cache, meta, ops)
         norm = self.post_attention_layernorm
         h, residual = ops.add_rms_norm(attn, residual, norm.weight, norm.eps)
@@ -185,8 +178,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The whole model (ctx SINGLE), or rank ctx.rank's shard of it (models/parallel.py): the
-    hidden states and the logits are whole on every rank either way."""
+    """The whole model (ctx SINGLE), or rank ctx.rank's shard of it: the hidden states and the
+    logits are whole on every rank either way."""
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE):
         super().__init__()
@@ -204,9 +197,8 @@ class LlamaForCausalLM(nn.Module):
         self.fused_ops = EAGER
 
     def use_compiled_ops(self) -> None:
-        """torch.compile'd elementwise ops for forward(fused=True): the CUDA graphs, where
-        they cost nothing per call. Eager steps keep the plain ops: each compiled call checks
-        its guards on the host (~30 layers x 4 calls), which outweighed the fusion there."""
+        """Compiled ops for forward(fused=True), the CUDA graphs: eager steps keep the plain
+        ops, as the compiled calls' guard checks on the host outweighed the fusion there."""
         self.fused_ops = compiled_ops()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -224,7 +216,6 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, H) -> (N, V), whole on every rank."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self.ctx.world_size == 1:
             return F.linear(hidden, weight)  # (N, V)
@@ -232,8 +223,8 @@ class LlamaForCausalLM(nn.Module):
 
 
 def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece]]:
-    """Our parameter name -> the HF checkpoint slices it is made of, for this rank's layout:
-    q/k/v and gate/up fused along the output rows, o and down sliced along the input columns."""
+    """Our parameter name -> its HF checkpoint slices for this rank: q/k/v and gate/up fused
+    along the output rows, o and down sliced along the input columns."""
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q_rows = (layout.q_heads.start * d, layout.q_heads.stop * d)
     kv_rows = (layout.kv_heads.start * d, layout.kv_heads.stop * d)
@@ -267,13 +258,13 @@ def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece
 
 def build_model(cfg: ModelConfig, reader: WeightReader, *, device: torch.device,
                 dtype: torch.dtype, ctx: ParallelContext = SINGLE) -> LlamaForCausalLM:
-    """Rank ctx.rank's shard of the model (the whole model at world size 1) on device, its
-    parameters allocated once in dtype and filled from reader (loader.weight_reader). Every
-    rank runs forward() on the same inputs in the same order: the collectives pair up by order."""
+    """Rank ctx.rank's shard on device, its parameters allocated once in dtype and filled from
+    reader. Every rank runs forward() on the same inputs in the same order: the collectives
+    pair up by order."""
     with torch.device("meta"):  # no time spent on an init the weights overwrite
         model = LlamaForCausalLM(cfg, ctx)
-    model.to(dtype)  # on meta, free: the parameters are allocated in dtype, never in fp32 first
+    model.to(dtype)  # on meta, free: never allocated in fp32 first
     model.to_empty(device=device)
-    model.rope.reset_tables()  # the rope tables stay fp32, as the runner has kept them
+    model.rope.reset_tables()  # fp32
     load_pieces(model, weight_pieces(cfg, model.layout), reader)  # this rank's slices only
     return model.eval()

@@ -1,15 +1,13 @@
 """Megatron-style tensor parallelism for the llama family: the ranks (one process per device,
-joined through torch.distributed over an env:// rendezvous as torchrun sets it: MASTER_ADDR /
-MASTER_PORT / RANK / WORLD_SIZE; NCCL on GPUs, gloo on the CPU), which slice of each weight a
-rank holds (ShardLayout), and the layers whose outputs the ranks combine.
+joined over env:// as torchrun sets it; NCCL on GPUs, gloo on the CPU), which slice of each
+weight a rank holds (ShardLayout), and the layers whose outputs the ranks combine.
 
     column-parallel (qkv, gate_up): each rank computes its own output columns; no collective
     row-parallel (o, down):         each rank a partial sum over its input columns; all-reduce
     vocab-parallel embedding:       each rank looks up the ids in its vocab slice; all-reduce
     vocab-parallel LM head:         each rank its vocab slice of the logits; all-gather
 
-At world size 1 the model is built of plain nn.Linear / nn.Embedding (the factories below), so
-it runs exactly the code it ran before tensor parallelism: no collective, no extra copy."""
+At world size 1 the model is built of plain nn.Linear / nn.Embedding: no collective, no copy."""
 from __future__ import annotations
 
 import os
@@ -23,34 +21,29 @@ from torch import nn
 
 from guided.worker.model_config import ModelConfig
 
-# a rank that never arrives (died before the rendezvous, wrong MASTER_PORT) fails the others'
-# start after this long instead of hanging them
+# a rank that never arrives fails the others' start after this long instead of hanging them
 INIT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
-    """Where this process sits among the tensor-parallel ranks. group None: the default group
-    (or no group at all, at world size 1, where the model runs no collective)."""
+    """Where this process sits among the ranks (group None: the default group, or none)."""
     rank: int = 0
     world_size: int = 1
     group: dist.ProcessGroup | None = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """x summed over the ranks, in place (x is returned)."""
         dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(world_size, *x.shape): every rank's x, rank-major; the same shape on every rank."""
+        """(world_size, *x.shape): every rank's x, rank-major."""
         out = x.new_empty((self.world_size * x.shape[0], *x.shape[1:]))
-        # the concatenated form (gloo takes no stacked output); all_gather_into_tensor, which
-        # the GPU image's torch 2.11 has (all_gather_single is newer) and gloo takes too
+        # the concatenated form: gloo takes no stacked output
         dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
         return out.view(self.world_size, *x.shape)
 
     def all_min(self, value: int) -> int:
-        """The smallest of the ranks' values (e.g. the KV blocks every rank has room for)."""
         t = torch.tensor([value], dtype=torch.int64, device=_collective_device(self))
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
@@ -60,8 +53,7 @@ SINGLE = ParallelContext()
 
 
 def env_rank() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from the environment torchrun (or the engine) sets; a
-    process without them is rank 0 of 1."""
+    """(rank, world_size, local_rank) as torchrun sets them; without them, rank 0 of 1."""
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -71,7 +63,7 @@ def env_rank() -> tuple[int, int, int]:
 
 
 def rank_device(device_type: str) -> torch.device:
-    """This rank's device: cuda:LOCAL_RANK on GPUs (one GPU per rank), else the CPU."""
+    """cuda:LOCAL_RANK on GPUs (one GPU per rank), else the CPU."""
     if device_type == "cuda":
         return torch.device("cuda", env_rank()[2])
     return torch.device(device_type)
@@ -79,14 +71,13 @@ def rank_device(device_type: str) -> torch.device:
 
 def init_distributed(device: torch.device, *, timeout_s: float = INIT_TIMEOUT_S
                      ) -> ParallelContext:
-    """Join the ranks named by the environment (env_rank); at world size 1 nothing is set up
-    and SINGLE comes back. device: this rank's (rank_device), which picks the backend."""
+    """Join the ranks named by the environment (SINGLE at world size 1); device (rank_device)
+    picks the backend."""
     rank, world_size, _ = env_rank()
     if world_size == 1:
         return SINGLE
     if device.type == "cuda":
-        # NVLink SHARP (multicast) all-reduce: off; the lent machines' README says why. NCCL
-        # reads it when its communicator is created, so it must be set before the first collective
+        # NVLink SHARP (multicast) off, as the lent machines need; read at the first collective
         os.environ["NCCL_NVLS_ENABLE"] = "0"
         torch.cuda.set_device(device)
         backend, device_id = "nccl", device
@@ -99,7 +90,7 @@ def init_distributed(device: torch.device, *, timeout_s: float = INIT_TIMEOUT_S
 
 def destroy_distributed(ctx: ParallelContext) -> None:
     """Leave the group together: a rank that tears its connections down while a peer still
-    talks to it can abort that peer (seen with gloo: std::terminate, SIGABRT)."""
+    talks to it can abort that peer (gloo: SIGABRT)."""
     if ctx.world_size > 1 and dist.is_initialized():
         dist.barrier(group=ctx.group)
         dist.destroy_process_group()
@@ -113,7 +104,7 @@ def _collective_device(ctx: ParallelContext) -> torch.device:
 
 
 def split_range(size: int, rank: int, world_size: int) -> range:
-    """rank's contiguous part of range(size): sizes differ by at most one, larger parts first."""
+    """rank's contiguous part of range(size), larger parts first."""
     base, extra = divmod(size, world_size)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (rank < extra))
@@ -130,16 +121,11 @@ class ShardLayout:
     vocab: range  # the vocab rows it holds of the embedding / LM head (may be short or empty)
     vocab_rows: int  # rows of its embedding / LM head, equal on every rank (the gather's width)
 
-    @property
-    def num_kv_heads(self) -> int:
-        return len(self.kv_heads)
-
 
 def shard_layout(cfg: ModelConfig, rank: int, world_size: int) -> ShardLayout:
     """KV heads are split between the ranks, each with the query heads that read it; with fewer
     KV heads than ranks, the query heads are split and each rank holds a copy of the one KV head
-    its query heads read (vLLM's replication). Uneven splits are allowed where they keep every
-    rank's query heads on whole KV groups (the default model's 3 KV heads over 2 ranks)."""
+    they read (vLLM's replication). Uneven splits keep every rank's query heads on whole groups."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     group = cfg.num_heads // cfg.num_kv_heads
@@ -166,8 +152,7 @@ def shard_layout(cfg: ModelConfig, rank: int, world_size: int) -> ShardLayout:
 
 
 class RowParallelLinear(nn.Linear):
-    """y = x_local @ W[:, local columns]^T, summed over the ranks. No bias: the llama family's
-    row-parallel projections (o, down) have none, and a bias would be added once, not per rank."""
+    """y = x_local @ W[:, local columns]^T, summed over the ranks (o and down have no bias)."""
 
     def __init__(self, local_in_features: int, out_features: int, ctx: ParallelContext):
         super().__init__(local_in_features, out_features, bias=False)
@@ -178,8 +163,7 @@ class RowParallelLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """Each rank holds vocab rows [start, start + vocab_rows); an id outside them reads zeros,
-    and the ranks' lookups are summed (exactly one rank holds each id)."""
+    """An id outside this rank's vocab rows reads zeros; the ranks' lookups are summed."""
 
     def __init__(self, layout: ShardLayout, hidden_size: int, ctx: ParallelContext):
         super().__init__(layout.vocab_rows, hidden_size)
@@ -209,8 +193,7 @@ def vocab_embedding(layout: ShardLayout, hidden_size: int, ctx: ParallelContext)
 
 def gather_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int,
                   ctx: ParallelContext) -> torch.Tensor:
-    """hidden (N, H) x this rank's vocab rows (vocab_rows, H) -> the full logits (N, vocab_size)
-    on every rank: every rank masks and samples the same rows identically."""
+    """hidden (N, H) x this rank's vocab rows (Vr, H) -> the full logits (N, V) on every rank."""
     local = F.linear(hidden, weight)  # (N, Vr)
     parts = ctx.all_gather(local)  # (W, N, Vr)
     logits = parts.permute(1, 0, 2).reshape(hidden.shape[0], -1)  # (N, W * Vr)

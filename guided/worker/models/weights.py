@@ -1,6 +1,5 @@
-"""Filling a (sharded) model's parameters from checkpoint slices: each parameter is a list of
-pieces, a piece one slice of one checkpoint tensor, read by a WeightReader (safetensors files
-in worker/loader.py, a state dict, or random numbers for synthetic shapes) straight into the
+"""Filling a (sharded) model's parameters from checkpoint slices: a parameter is a list of
+pieces, each one slice of one checkpoint tensor, read by a WeightReader straight into the
 parameter's rows, so a rank never holds more of a checkpoint than its own slices."""
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ SYNTHETIC_STD = 0.02  # N(0, 0.02) weights: real shapes for speed and memory, no
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Rows [start, stop) of dim `dim` of checkpoint tensor `name` (whole shape `shape`);
-    dim None: the whole tensor."""
+    """Rows [start, stop) of dim `dim` of checkpoint tensor `name`; dim None: all of it."""
     name: str
     shape: tuple[int, ...]
     dim: int | None = None
@@ -39,7 +37,7 @@ class WeightReader(Protocol):
 
 
 class StateDictReader:
-    """Pieces of an in-memory HF state dict (tests, converted checkpoints already loaded)."""
+    """Pieces of an in-memory HF state dict."""
 
     def __init__(self, state: dict[str, torch.Tensor]):
         self.state = state
@@ -55,8 +53,7 @@ class StateDictReader:
 
 class RandomWeights:
     """Synthetic weights generated where they live: unit norms, zero biases, N(0, 0.02)
-    elsewhere, each piece from its own seed (the checkpoint name and slice), so ranks holding
-    the same slice (replicated KV heads) hold the same numbers."""
+    elsewhere, seeded per piece, so ranks holding the same slice hold the same numbers."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -84,8 +81,8 @@ def check_shape(piece: Piece, shape: tuple[int, ...]) -> None:
 
 @torch.no_grad()
 def load_pieces(module: nn.Module, pieces: dict[str, list[Piece]], reader: WeightReader) -> None:
-    """Each parameter `name` of module = its pieces stacked along dim 0 (a dim-1 piece is the
-    parameter whole); rows past them (the last rank's vocab padding) are zeros."""
+    """Each parameter = its pieces stacked along dim 0 (a dim-1 piece is the parameter whole);
+    rows past them (the last rank's vocab padding) are zeros."""
     params = dict(module.named_parameters())
     missing = [name for name in params if name not in pieces]
     for name, parts in pieces.items():

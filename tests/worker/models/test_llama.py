@@ -38,7 +38,7 @@ def greedy(model: LlamaForCausalLM, prompts: list[list[int]], num_steps: int
     blocks_per_req = -(-(max(map(len, prompts)) + num_steps) // BLOCK_SIZE)
     device = model.norm.weight.device
     cache = torch.zeros(cfg.num_layers, 2, num_reqs * blocks_per_req, BLOCK_SIZE,
-                        model.layout.num_kv_heads, cfg.head_dim, device=device)  # its KV heads
+                        len(model.layout.kv_heads), cfg.head_dim, device=device)  # its KV heads
     kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(cfg.num_layers)]
     tables = torch.arange(num_reqs * blocks_per_req, dtype=torch.int32,
                           device=device).view(num_reqs, -1)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guided.worker import gguf_file
-from guided.worker.gguf_file import GgufReader, read_gguf_weights
-from guided.worker.loader import default_gguf_path, load_model_config
+from guided.worker import loader
+from guided.worker.loader import GgufReader, default_gguf_path, load_model_config, read_gguf_weights
 from guided.worker.models.llama import weight_pieces
 from guided.worker.models.parallel import shard_layout
 from guided.worker.models.weights import StateDictReader
@@ -21,7 +20,7 @@ def whole():
 @pytest.mark.parametrize("world_size", [1, 2])  # 2: uneven heads, halved vocab
 def test_slices_equal_the_whole_conversions(whole, world_size, monkeypatch):
     # chunks of 200 rows: column slices cross several, and q/k chunks round down to whole heads
-    monkeypatch.setattr(gguf_file, "CHUNK_ROWS", 200)
+    monkeypatch.setattr(loader, "CHUNK_ROWS", 200)
     config, state = whole
     reader, expected = GgufReader(default_gguf_path()), StateDictReader(state)
     for rank in range(world_size):
