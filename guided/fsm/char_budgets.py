@@ -1,10 +1,8 @@
 """Long counted repetitions of one character class, rewritten as character budgets.
 
-xgrammar 0.2.8 unrolls `c{m,n}` up to 128 and counts the rest with a repeat state; inside one
-every mask row walks the vocabulary (a string of maxLength 8192: ~8 ms a row against ~0.15 ms,
-and seconds to compile; upstream mlc-ai/xgrammar#852). xgrammar's own EBNF spells the same
-language cheaply: `c{m}` then a rule `c*` limited to n - m characters (`[max_chars=...]`). Exact,
-a class consuming one character per repetition (tests/fsm/test_char_budgets.py compares masks).
+Inside xgrammar 0.2.8's repeat state (counts past 128) every mask row walks the vocabulary
+(mlc-ai/xgrammar#852); `c{m}` then a rule `c*` limited to n - m characters (`[max_chars=...]`)
+is the same language, cheaply.
 """
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ _SCAN = re.compile(rf'(?P<opaque>"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\])'
 
 
 def budget_long_repetitions(ebnf: str, *, above: int = UNROLLED) -> str | None:
-    """The grammar text with each `c{m,n}` (c a one-class rule, n > above, m <= above)
-    spelled as `c{m} budget` where budget is `c*` limited to n - m characters; None when
-    nothing changes. A large minimum stays counted (it has no budget spelling)."""
+    """The grammar text with each `c{m,n}` (c a one-class rule, n > above >= m) spelled as
+    `c{m} budget`, budget being `c*` limited to n - m characters; None when nothing changes."""
     classes = {name for name, _ in _CLASS_RULE.findall(ebnf)}
     budgets: dict[str, str] = {}
 

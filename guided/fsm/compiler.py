@@ -1,28 +1,21 @@
 """Asynchronous grammar compilation: an LRU of compiles in front of a watchdog thread pool.
 
 Threads, not processes: xgrammar releases the GIL while compiling, and a compiled grammar cannot
-cross a process boundary cheaply (serialize_json of a large schema's grammar: ~290 MB, 23 s).
-
-Every submit() gets a future of its own (a ticket) on the spec's one compile:
-- a compile nobody waits for any more is dropped: out of the queue if it has not started, else
-  abandoned to finish at the lowest priority (C++ cannot be interrupted), its result cached;
-- past compile_timeout_s its tickets fail with CompileTimeoutError (a 503, never cached as the
-  schema's failure); it goes on and fills the cache, the same spec meanwhile refused at once;
-- a server's new spec that would not start within compile_timeout_s, or past
-  MAX_QUEUED_COMPILES queued, is refused at once (and queued ones that can no longer start in
-  time are shed): a storm of new schemas degrades to quick 503s, never to a queue that outlives
-  it. An offline batch's compiles (bounded=False) are never refused nor shed.
+cross a process boundary cheaply. Every submit() gets a ticket (a future of its own) on the
+spec's one compile: a compile nobody waits for is dropped; past compile_timeout_s its tickets
+fail with CompileTimeoutError (a 503, never cached) while it goes on to fill the cache; a new
+spec that would not start in time is refused at once, so a storm of new schemas degrades to
+quick 503s. An offline batch's compiles (bounded=False) are never refused nor shed.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 
@@ -35,7 +28,7 @@ from guided.fsm.schema_worker import check
 from guided.fsm.settings import CompileSettings
 from guided.fsm.structural_tags import checked_structural_tag
 from guided.fsm.vocab import TokenVocab
-from guided.fsm.watchdog_pool import WatchdogPool
+from guided.fsm.watchdog_pool import WatchdogPool, settle
 from guided.params import ConstraintSpec
 
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
@@ -53,24 +46,21 @@ class CompiledGrammar:
     _make_matcher: Callable[[], Matcher] = field(repr=False)
 
     def matcher(self) -> Matcher:
-        """A fresh matcher at the grammar's start (cheap: the compiled grammar is shared)."""
         return self._make_matcher()
 
 
 @dataclass(eq=False)
 class _Compile:
-    """One spec's compile and the tickets still waiting for it."""
     outcome: Future  # the compile's own (cached): a CompiledGrammar or a ConstraintError
     tickets: set[Future] = field(default_factory=set)
     overdue: bool = False  # past compile_timeout_s: it goes on in the background
 
 
 class GrammarCompiler:
-    """One per tokenizer. submit() never raises and never blocks; see the module docstring."""
+    """One per tokenizer. submit() never raises and never blocks."""
 
     def __init__(self, tokenizer, *, vocab_size: int, config: CompileSettings | None = None,
                  vocab: TokenVocab | None = None):
-        """config: CompileSettings.for_host in the engine; a CPU host's defaults otherwise."""
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
         config = config or CompileSettings()
@@ -82,23 +72,20 @@ class GrammarCompiler:
         self._llguidance_lock = threading.Lock()
         self._cache: OrderedDict[ConstraintSpec, _Compile] = OrderedDict()
         self._lock = threading.Lock()
-        idle = config.compile_sched_idle
         self._pool = WatchdogPool(num_workers=config.compile_threads,
                                   timeout_s=config.compile_timeout_s, nice=config.compile_nice,
-                                  idle=idle, max_wait_s=config.compile_timeout_s)
+                                  idle=config.compile_sched_idle,
+                                  max_wait_s=config.compile_timeout_s)
         self._schema_workers = None
         if config.schema_processes:
             from guided.fsm.schema_worker import SchemaWorkers
 
             self._schema_workers = SchemaWorkers(config.schema_processes)
 
-    # ---- public API ---------------------------------------------------------------------
     def submit(self, spec: ConstraintSpec, *, bounded: bool = True) -> Future:
-        """A future of the caller's own for spec's CompiledGrammar (a ConstraintError for a
-        bad spec, CompileTimeoutError to retry); cancel it when no longer waiting. bounded:
-        refused at once where it would not start in time or past MAX_QUEUED_COMPILES queued,
-        and shed while queued (a server's new schemas); an offline batch's requests (the
-        engine's own submits) queue however many there are, however long."""
+        """A ticket for spec's CompiledGrammar (a ConstraintError for a bad spec,
+        CompileTimeoutError to retry); cancel it when no longer waiting. bounded: refused at
+        once where it would not start in time, and shed while queued (a server's requests)."""
         ticket: Future = Future()
         with self._lock:
             entry = self._cache.get(spec)
@@ -138,7 +125,7 @@ class GrammarCompiler:
 
     def _start(self, spec: ConstraintSpec, entry: _Compile, *, sheddable: bool) -> None:
         """(lock held) Queue the compile, or settle it at once where the spec is refused."""
-        problem = self._precheck(spec)
+        problem = precheck(spec, self.config.max_grammar_bytes)
         if problem is not None:
             entry.outcome.set_exception(ConstraintError(problem))
             return
@@ -146,8 +133,7 @@ class GrammarCompiler:
                           on_overdue=lambda: self._overdue(spec, entry), sheddable=sheddable)
 
     def _left(self, spec: ConstraintSpec, entry: _Compile, ticket: Future) -> None:
-        """A ticket is settled or cancelled: a compile nobody waits for any more is dropped
-        (its result, should it still come, is cached all the same)."""
+        """A ticket is settled or cancelled: a compile nobody waits for any more is dropped."""
         with self._lock:
             entry.tickets.discard(ticket)
             if entry.tickets or entry.outcome.done() or not ticket.cancelled():
@@ -155,8 +141,7 @@ class GrammarCompiler:
         self._pool.drop(entry.outcome)  # a queued one is cancelled: the next submit starts afresh
 
     def _overdue(self, spec: ConstraintSpec, entry: _Compile) -> None:
-        """The watchdog: the compile ran past compile_timeout_s. Its tickets fail (retryable);
-        it goes on in the background and fills the cache if it ends."""
+        """The compile ran past compile_timeout_s: its tickets fail (retryable), it goes on."""
         with self._lock:
             if entry.outcome.done():
                 return
@@ -169,10 +154,9 @@ class GrammarCompiler:
             f"compiling the {spec.kind} constraint timed out after "
             f"{self.config.compile_timeout_s:g} s (compile_timeout_s); retry later")
         for ticket in tickets:
-            _fail(ticket, error)
+            settle(ticket, error=error)
 
     def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
-        """Blocking convenience for tests and the CLI."""
         try:
             return self.submit(spec).result(timeout=timeout)
         except FutureTimeoutError:
@@ -182,16 +166,6 @@ class GrammarCompiler:
         self._pool.shutdown()
         if self._schema_workers is not None:
             self._schema_workers.shutdown()
-
-    # ---- compiling ------------------------------------------------------------------------
-    def _precheck(self, spec: ConstraintSpec) -> str | None:
-        if len(spec.value.encode("utf-8", "surrogatepass")) > self.config.max_grammar_bytes:
-            return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
-                    f"is max_grammar_bytes={self.config.max_grammar_bytes}")
-        if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
-                             "structural_tag"):
-            return f"unknown constraint kind {spec.kind!r}"
-        return quick_problem(spec)
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
         """Runs on a pool thread. Raises ConstraintError naming the problem."""
@@ -227,8 +201,7 @@ class GrammarCompiler:
 
     def _llguidance_grammar(self, spec: ConstraintSpec, schema: dict,
                             start: float) -> CompiledGrammar | None:
-        """The checked schema served by llguidance (fsm/backends/llguidance_backend.py), or
-        None where it is ineligible or llguidance refuses it (xgrammar serves it then)."""
+        """The checked schema served by llguidance, or None: ineligible or refused by it."""
         from guided.fsm.backends.llguidance_backend import (
             LLGuidanceBackend,
             LLGuidanceMatcher,
@@ -251,11 +224,19 @@ class GrammarCompiler:
                                lambda: LLGuidanceMatcher(initial, backend))
 
 
+def precheck(spec: ConstraintSpec, max_grammar_bytes: int) -> str | None:
+    if len(spec.value.encode("utf-8", "surrogatepass")) > max_grammar_bytes:
+        return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
+                f"is max_grammar_bytes={max_grammar_bytes}")
+    if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
+                         "structural_tag"):
+        return f"unknown constraint kind {spec.kind!r}"
+    return quick_problem(spec)
+
+
 def quick_problem(spec: ConstraintSpec) -> str | None:
-    """Why a short regex, grammar or JSON schema can never end or matches nothing, found
-    structurally in milliseconds without compiling; else None. Asked on the caller's thread and
-    by the server before the request queues (behind a busy host's compiles the 400 took
-    seconds)."""
+    """Why a short regex, grammar or JSON schema can never end, found in milliseconds without
+    compiling; else None. The server asks before the request queues behind busy compiles."""
     if len(spec.value) > QUICK_CHECK_CHARS:
         return None
     if spec.kind == "json_schema":
@@ -270,15 +251,7 @@ def quick_problem(spec: ConstraintSpec) -> str | None:
 def _settle(ticket: Future, outcome: Future) -> None:
     """A ticket takes its compile's outcome, unless it was settled or cancelled first."""
     if outcome.cancelled():  # dropped from the queue (shut down, or nobody waited)
-        _fail(ticket, CompileTimeoutError("the grammar compiler is busy: this constraint could "
-                                          "not start compiling in time; retry later"))
-    elif outcome.exception() is not None:
-        _fail(ticket, outcome.exception())
+        settle(ticket, error=CompileTimeoutError("the grammar compiler is busy: this constraint "
+                                                 "could not start compiling in time; retry later"))
     else:
-        with contextlib.suppress(InvalidStateError):
-            ticket.set_result(outcome.result())
-
-
-def _fail(ticket: Future, error: BaseException) -> None:
-    with contextlib.suppress(InvalidStateError):
-        ticket.set_exception(error)
+        settle(ticket, None if outcome.exception() else outcome.result(), outcome.exception())

@@ -1,21 +1,10 @@
 """Grammars that can never end, or whose forced text is unbounded, refused before they compile.
 
-xgrammar walks a grammar's forced continuation (`find_jump_forward_string`) in C++ without any
-limit: for `root ::= "a" root`, whose every continuation is another "a", the walk never returns
-and its memory grows until the kernel kills the engine; `"a"{1000000000}` walks a gigabyte. Nor
-can a C++ walk be interrupted once started. So the bound is put on the grammar itself, here,
-from the structure xgrammar serializes (`Grammar.serialize_json`, the rules and expressions of
-grammar_impl.h):
-
-- every expression the matcher can reach must match some finite text ("productive"): a rule
-  that only ever recurses into itself, or a character class that matches no character (the
-  regex `[^\\s\\S]`), leaves the matcher in a state from which nothing can end it;
-- every reachable expression's shortest text is at most MAX_SHORTEST_BYTES, which bounds the
-  forced text of any state at that many bytes per open rule (a forced string is a prefix of
-  the shortest completion), so one walk costs milliseconds, not minutes.
-
-Both are facts of the grammar, checked in linear-ish time on the compile thread, so the client
-gets a 400 naming the rule rather than a hung engine.
+xgrammar walks a forced continuation (`find_jump_forward_string`) in C++ without limit and
+uninterruptibly: `root ::= "a" root` never returns, `"a"{1000000000}` walks a gigabyte. So,
+from the structure `Grammar.serialize_json` gives (grammar_impl.h), every reachable expression
+must match some finite text, and its shortest text be at most MAX_SHORTEST_BYTES (a forced
+string is a prefix of the shortest completion): a 400 naming the rule, not a hung engine.
 """
 from __future__ import annotations
 
@@ -24,9 +13,9 @@ import json
 from typing import Any
 
 from guided.errors import ConstraintError
+from guided.fsm.schema_merge import SchemaCombiner
 
-# a forced walk of 32 KiB costs ~5 ms in xgrammar 0.2.8 on the CPU (1 MB: 0.33 s); no context
-# of the models we serve needs a single rule longer than that
+# a forced walk of 32 KiB costs ~5 ms in xgrammar 0.2.8 on the CPU (1 MB: 0.33 s)
 MAX_SHORTEST_BYTES = 1 << 15
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # not characters: a class left with only these matches nothing
@@ -38,7 +27,6 @@ _INF = float("inf")
 
 
 class _Grammar:
-    """The serialized grammar's rules and expressions, read-only."""
 
     def __init__(self, data: dict):
         self.rule_names = [rule[0] for rule in data["rules"]]
@@ -56,9 +44,7 @@ class _Grammar:
         kind, args = self.expr(expr_id)
         if kind in (SEQUENCE, CHOICES):
             return list(args), []
-        if kind == RULE_REF:
-            return [], [args[0]]
-        if kind == REPEAT:
+        if kind in (RULE_REF, REPEAT):
             return [], [args[0]]
         if kind == TAG_DISPATCH:  # [tag0, rule0, tag1, rule1, ..., loop, excludes]
             return [], list(args[1:-2:2])
@@ -95,10 +81,9 @@ def _leaf_value(kind: int, args: list[int]) -> float | None:
 
 
 def shortest_texts(grammar: _Grammar) -> tuple[list[float], list[float]]:
-    """(shortest text of every expression, of every rule) in bytes, a character counting 1;
-    inf where no finite text matches. Knuth's generalization of Dijkstra's algorithm: values
-    are finalized smallest first, which is sound because a sequence's value is at least each
-    part's and a repetition's at least its rule's."""
+    """(shortest text of every expression, of every rule) in bytes (a character counts 1; inf:
+    none). Knuth's generalization of Dijkstra: values are finalized smallest first, sound as a
+    sequence's value is at least each part's and a repetition's at least its rule's."""
     num_exprs, num_rules = len(grammar.kinds), len(grammar.rule_bodies)
     # node ids: expressions 0..num_exprs-1, rules num_exprs..num_exprs+num_rules-1
     value = [_INF] * (num_exprs + num_rules)
@@ -151,9 +136,8 @@ def shortest_texts(grammar: _Grammar) -> tuple[list[float], list[float]]:
 
 def check_grammar_bounds(serialized: str, *, kind: str = "grammar",
                          max_shortest_bytes: int = MAX_SHORTEST_BYTES) -> None:
-    """Raise ConstraintError when the grammar (xgrammar's serialize_json) matches no finite
-    text, reaches a rule or alternative that can never end, or holds a reachable expression
-    whose shortest text exceeds max_shortest_bytes."""
+    """Raise ConstraintError where the grammar (serialize_json) matches no finite text, reaches
+    an expression that can never end, or one whose shortest text exceeds max_shortest_bytes."""
     grammar = _Grammar(json.loads(serialized))
     expr_min, rule_min = shortest_texts(grammar)
     if rule_min[grammar.root] == _INF:
@@ -183,8 +167,8 @@ def check_grammar_bounds(serialized: str, *, kind: str = "grammar",
 
 def _dead_rule(grammar: _Grammar, expr_id: int, rule: int, expr_min: list[float],
                rule_min: list[float]) -> int:
-    """The rule to name for an expression that never ends: the first never-ending rule it
-    refers to, else the rule it lies in."""
+    """The rule to name for a never-ending expression: the first such rule it refers to, else
+    its own."""
     stack = [expr_id]
     while stack:
         sub, refs = grammar.children(stack.pop())
@@ -223,11 +207,9 @@ def _never_ends(kind: str) -> str:
 
 
 def schema_problem(text: str) -> str | None:
-    """Why no finite JSON value satisfies a JSON schema (one whose required properties or
-    items recurse into themselves without end), read from the schema itself in milliseconds;
-    else None. The server asks before a request queues: compiled on a loaded 2-core CPU, behind
-    the step's threads, such a schema took 1.6 s to its 400. A superset reading (keywords that
-    only narrow are ignored, a $ref it cannot resolve admits anything), so a refusal is sure."""
+    """Why no finite JSON value satisfies a schema (required properties or items recursing
+    without end), read from the schema in milliseconds; else None. A superset reading (keywords
+    that only narrow are ignored, an unresolved $ref admits anything): a refusal is sure."""
     try:
         schema = json.loads(text)
     except ValueError:
@@ -286,19 +268,11 @@ def _can_end(node: dict, root: Any, finite: set[int]) -> bool:
 
 
 def _resolve(root: Any, ref: str) -> Any:
-    """A local ref's target (#, #/a/b with ~0 ~1 escapes); None where it is not one."""
-    if not ref.startswith("#") or len(ref) > 1 and not ref.startswith("#/"):
+    """A local ref's target; None where it is none."""
+    try:
+        return SchemaCombiner(root).resolve(ref, "")
+    except ConstraintError:
         return None
-    target = root
-    for part in ref[2:].split("/") if len(ref) > 1 else ():
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and part in target:
-            target = target[part]
-        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-            target = target[int(part)]
-        else:
-            return None
-    return target
 
 
 def _as_list(value: Any) -> list:

@@ -1,13 +1,9 @@
 """Jump-forward: the grammar's forced continuation as canonical tokens, proposed as drafts.
 
-The engine verifies drafts like speculative tokens (kept only where the model samples them under
-the same mask and seed), so outputs equal those without jump-forward. Proposals therefore aim to
-be the tokens the model itself would pick:
-- canonical: the forced text is tokenized together with the last few generated tokens (never
-  the prompt), so a merge with the previous token yields the merged tokens; a merge that would
-  rewrite a committed token is not drafted, the forced text is then tokenized on its own;
-- whole characters only: forced text is cut at the last complete UTF-8 character;
-- grammatical: each draft is checked against the matcher (walked back after).
+The engine verifies drafts like speculative tokens, so proposals aim to be the tokens the model
+would pick: the forced text tokenized together with the last few generated tokens (never the
+prompt; a merge that would rewrite a committed token is not drafted), cut at the last complete
+UTF-8 character, and checked against the matcher.
 """
 from __future__ import annotations
 
@@ -27,17 +23,14 @@ class PromptLookup(Protocol):
 MAX_BOUNDARY_TOKENS = 4
 # the n-grams of the drafts' context looked up in the prompt, shortest and longest
 LOOKUP_MIN_N, LOOKUP_MAX_N = 2, 4
-# bytes of forced text retokenized per draft token wanted: more than any token holds (SmolLM2's
-# longest is 64 bytes of spaces), so a cut forced text still yields the drafts wanted, and a
-# grammar's long forced run (up to grammar_bounds.MAX_SHORTEST_BYTES) costs no more to draft
-# than a short one
+# bytes of forced text retokenized per draft token wanted: more than any token holds, so a cut
+# forced text still yields the drafts wanted and a long forced run costs no more than a short one
 FORCED_BYTES_PER_DRAFT = 128
 
 
 class CachedEncoder:
-    """tokenizer.encode(text, add_special_tokens=False), memoized (forced texts repeat) and
-    through the Rust tokenizer directly (the transformers wrapper costs ~150 µs a call) where
-    it agrees with the wrapper on a few probes."""
+    """tokenizer.encode(text, add_special_tokens=False), memoized, and through the Rust tokenizer
+    directly (the wrapper costs ~150 µs a call) where it agrees with the wrapper on probes."""
 
     PROBES = ("hello world", ' {"key": "', "héllo — 日本語", "  x\n\ty", '"},{"', "12.5e-3")
 
@@ -112,10 +105,9 @@ def propose_draft_tokens(tokenizer, token_bytes: list[bytes], matcher: Matcher,
                          output_ids: list[int], *, max_tokens: int,
                          lookup: PromptLookup | None = None, lookup_tokens: int = 0,
                          unindexed: list[int] | tuple = ()) -> tuple[list[int], int]:
-    """Draft tokens at the matcher's state, and how many of them are forced text: the forced
-    continuation, then up to lookup_tokens prompt-lookup tokens (`lookup`'s indexed tokens
-    followed by `unindexed`, the uncommitted last of output_ids); all cut to what the grammar
-    accepts."""
+    """Drafts at the matcher's state and how many are forced text: the forced continuation,
+    then up to lookup_tokens prompt-lookup tokens (after `unindexed`, the uncommitted last of
+    output_ids); cut to what the grammar accepts."""
     if max_tokens <= 0:  # a terminated matcher forces nothing and accepts no draft
         return [], 0
     forced = matcher.forced_string()
@@ -136,11 +128,9 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
                             output_ids: list[int], assumed: list[int], *, max_tokens: int,
                             lookup: PromptLookup | None = None, lookup_tokens: int = 0
                             ) -> tuple[int | None, list[int], int]:
-    """Drafts for a request whose next step is in flight (overlapped scheduling): that step
-    feeds `assumed` (taken as accepted) and samples one more token, guessed as the anchor (the
-    first forced or prompt-lookup token after `assumed`); up to max_tokens drafts follow it.
-    Returns (anchor, drafts, how many are forced text), or (None, [], 0) without a guess or
-    drafts. The matcher is left unchanged."""
+    """(anchor, drafts, how many are forced text) for a request whose next step is in flight:
+    that step feeds `assumed` and samples one more token, guessed as the anchor (the first
+    draft after `assumed`); (None, [], 0) without a guess. The matcher is left unchanged."""
     if max_tokens <= 0:
         return None, [], 0
     walked = 0
@@ -161,8 +151,7 @@ def propose_anchored_drafts(tokenizer, token_bytes: list[bytes], matcher: Matche
 
 @dataclass(frozen=True, slots=True)
 class DraftAsk:
-    """A request's next proposal as the proposer's policy decided it (room, cool-downs,
-    payoff)."""
+    """A request's next proposal as the proposer's policy decided it."""
     room: int  # drafts at most
     lookup_tokens: int  # prompt-lookup guesses at most (0: none)
     assumed: tuple[int, ...] | None  # the in-flight step's drafts (anchored); None: unanchored
@@ -170,8 +159,7 @@ class DraftAsk:
 
 def make_drafts(tokenizer, token_bytes: list[bytes], matcher: Matcher, output_ids: list[int],
                 ask: DraftAsk, lookup: PromptLookup | None) -> tuple[int | None, list[int], int]:
-    """(anchor, drafts, how many drafts are forced text) for `ask` at the matcher's state (the
-    committed tokens output_ids); lookup: the request's synced index, where ask allows it."""
+    """(anchor, drafts, how many drafts are forced text) for `ask` at the matcher's state."""
     lookup = lookup if ask.lookup_tokens else None
     if ask.assumed is not None:
         return propose_anchored_drafts(tokenizer, token_bytes, matcher, output_ids,

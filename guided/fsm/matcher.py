@@ -7,13 +7,9 @@ import torch
 
 
 class Matcher(ABC):
-    """A grammar's state for one request.
-
-    Bitmask convention (shared with xgrammar and the sampling kernel): int32
-    [num_rows, ceil(vocab_size / 32)] on the CPU; bit (id % 32) of word (id // 32) is set iff
-    token `id` is allowed. EOS only where the grammar may end; padded ids and special tokens
-    never.
-    """
+    """A grammar's state for one request. Bitmask (as xgrammar's and the kernel's): int32
+    [num_rows, ceil(vocab_size / 32)] on the CPU, bit id % 32 of word id // 32 set iff token id
+    is allowed; EOS only where the grammar may end, padded ids and special tokens never."""
 
     # tokens never allowed whatever the grammar says, ANDed into every row (a JSON grammar's
     # TokenBan); None where there are none
@@ -36,8 +32,7 @@ class Matcher(ABC):
         """True once EOS was accepted: nothing more may follow."""
 
     def ended_with(self, token_id: int) -> bool:
-        """Right after accept_token(token_id): did it end the grammar? (A backend that knows
-        its stop tokens answers without a call per sampled token.)"""
+        """Right after accept_token(token_id): did it end the grammar?"""
         return self.is_terminated()
 
     @abstractmethod

@@ -1,12 +1,9 @@
 """Fail closed: rewrite a JSON schema into the subset xgrammar 0.2.8 enforces, or refuse it.
 
-The grammar is compiled in xgrammar's strict mode: objects that declare properties admit no
-others (a subset of the language, and a far faster grammar: the largest Kubernetes schemas
-compile in 0.1 s strict, > 10 s not). Every rule here (and in the schema_* helpers) comes from a
-probe of xgrammar 0.2.8: a keyword it would silently ignore is rewritten into an equivalent (or
-stricter) form it enforces, or refused with a ConstraintError naming the keyword and its JSON
-pointer. The invariant: every string the grammar admits validates against the client's schema
-(Draft 2020-12, formats checked); stricter costs false rejects, never false accepts.
+Compiled in xgrammar's strict mode (objects that declare properties admit no others: a subset,
+and a far faster grammar). A keyword xgrammar would silently ignore (probed) is rewritten into an
+equivalent or stricter form it enforces, or refused naming the keyword and its JSON pointer:
+every string the grammar admits validates against the client's schema (Draft 2020-12, formats).
 """
 from __future__ import annotations
 
@@ -43,7 +40,6 @@ from guided.fsm.schema_objects import (
 )
 from guided.fsm.schema_refs import localize_refs, upgrade
 
-# FORMAT_PATTERNS and fix_optional_groups live in schema_formats; callers import them from here
 __all__ = ["FORMAT_PATTERNS", "check_schema", "fix_optional_groups"]
 
 NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
@@ -58,20 +54,18 @@ ARRAY_KEYWORDS = frozenset({"items", "prefixItems", "minItems", "maxItems", "uni
                             "unevaluatedItems"})
 TYPE_KEYWORDS = {"number": NUMBER_KEYWORDS, "string": STRING_KEYWORDS, "object": OBJECT_KEYWORDS,
                  "array": ARRAY_KEYWORDS}
-# Keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true (see _refuse_ignored).
+# keywords xgrammar 0.2.8 ignores (probed): refused unless trivially true
 IGNORED_BY_XGRAMMAR = ("dependencies", "unevaluatedProperties",
                        "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                        # annotations in 2020-12 but assertions in draft 7 (and its test suite)
                        "contentMediaType", "contentEncoding", "contentSchema")
 INTEGER_LIMIT = 2**53
-
-
-# References the walk rewrites in place: the root, and $defs / definitions (nested) from it.
+# references the walk rewrites in place: the root, and $defs / definitions (nested) from it
 _REWRITTEN_REF = re.compile(r"#(/(\$defs|definitions)/[^/]+)*$")
 
 
 def check_schema(schema: Any) -> Any:
-    """Return a schema xgrammar enforces exactly (or more strictly), or raise ConstraintError."""
+    """A schema xgrammar enforces exactly (or more strictly); ConstraintError otherwise."""
     if isinstance(schema, bool):
         if not schema:
             raise ConstraintError("the schema `false` admits no value")
@@ -94,7 +88,6 @@ class _Rewriter(SchemaCombiner):
             root, format_checker=Draft202012Validator.FORMAT_CHECKER)
         self.depth = 0
 
-    # ---- the walk -----------------------------------------------------------------------
     def rewrite(self, node: Any, pointer: str) -> Any:
         self.depth += 1
         try:
@@ -125,9 +118,7 @@ class _Rewriter(SchemaCombiner):
             target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
             return self.rewrite(self.merge([target, node], pointer, "$ref"), pointer)
         if "$ref" in node and not _REWRITTEN_REF.match(node["$ref"]):
-            # the target lies outside the walk (e.g. a custom "resourceDefinitions" container):
-            # left as is, xgrammar would enforce it unrewritten (and ignore a required name
-            # missing from its properties); inline its rewritten copy instead
+            # a target outside the walk would reach xgrammar unrewritten: inline its rewrite
             target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
             return self.rewrite(target, pointer)
         if "allOf" in node:
@@ -178,9 +169,8 @@ class _Rewriter(SchemaCombiner):
 
     def _rewrite_union(self, node: dict, kw: str, pointer: str,
                        negating: str | None = None) -> dict:
-        """anyOf / oneOf (and the unions of if and of some nots: `negating` names the keyword
-        to refuse where a branch's negation cannot be said). A branch no value satisfies is
-        left out: exact, the union is the other branches'."""
+        """anyOf / oneOf, and the unions of if and of some nots (`negating`: the keyword to
+        refuse where a branch's negation cannot be said). Unsatisfiable branches are left out."""
         branches = node.pop(kw)
         rest = node
         defs = {k: rest.pop(k) for k in ("$defs", "definitions") if k in rest}
@@ -216,9 +206,8 @@ class _Rewriter(SchemaCombiner):
 
     def _exclusive_branches(self, live: list, originals: list, pointer: str
                             ) -> tuple[list, str | None]:
-        """oneOf branches whose outputs match one branch only (then it is their anyOf), made
-        so by a discriminating property where needed, or else each branch with the others
-        negated (then "oneOf" is what to refuse where a negation cannot be said)."""
+        """oneOf branches made exclusive (then it is their anyOf): as they are, by a
+        discriminating property, or else each with the others negated."""
         pairs = [(i, j) for i in range(len(live)) for j in range(i + 1, len(live))]
         if all(self.exclusive(live[i], live[j], pointer) for i, j in pairs):
             return live, None
@@ -228,7 +217,6 @@ class _Rewriter(SchemaCombiner):
         return [{"allOf": [b, {"not": {"anyOf": originals[:i] + originals[i + 1:]}}]}
                 for i, b in enumerate(live)], "oneOf"
 
-    # ---- per-type rewrites (strings: schema_formats.rewrite_string) ------------------------
     def _rewrite_object(self, node: dict, pointer: str) -> None:
         props = node.get("properties")
         if props is not None:
@@ -337,7 +325,7 @@ def _refuse_ignored(node: dict, pointer: str) -> None:
 
 
 def _drop_trivial(node: dict) -> None:
-    """Drop keywords that validate everything (so they are not refused for nothing)."""
+    """Drop keywords that validate everything (not to be refused for nothing)."""
     if "if" in node and "then" not in node and "else" not in node:
         node.pop("if")
     if "if" not in node:
@@ -362,8 +350,8 @@ def _drop_trivial(node: dict) -> None:
 
 
 def _infer_type(node: dict, pointer: str) -> dict:
-    """An untyped schema with type-specific keywords: xgrammar ignores those keywords unless the
-    type is explicit, so restrict it to the types they constrain (stricter, never looser)."""
+    """xgrammar ignores type-specific keywords without an explicit type: restrict an untyped
+    schema to the types its keywords constrain (stricter)."""
     if "type" in node:
         return node
     families = [t for t, kws in TYPE_KEYWORDS.items() if any(k in node for k in kws)]

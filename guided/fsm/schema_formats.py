@@ -15,14 +15,14 @@ _DATE = (r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[135
 _TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
          r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-# a DNS label of <= 63 letters/digits with single inner hyphens (so never an "xn--" A-label,
-# which would need IDNA validation); at most 3 labels keeps a name under 253 characters
+# a DNS label with single inner hyphens (never an "xn--" A-label, which needs IDNA validation);
+# at most 3 labels keeps a name under 253 characters
 _LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,31}"
 _HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,2}}"
 _LOCAL_PART = r"[A-Za-z0-9_%+-]{1,32}(?:\.[A-Za-z0-9_%+-]{1,32}){0,2}"
 # RFC 6901: "/"-separated tokens, "~" only as ~0 or ~1
 _POINTER = r'(?:/(?:[^/~"\\\x00-\x1f]|~[01])*)*'
-# Formats jsonschema's checker enforces here, mapped to patterns proven to admit only valid strings.
+# formats jsonschema's checker enforces, as patterns that admit only valid strings
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
     "time": f"^{_TIME}$",
@@ -39,21 +39,20 @@ FORMAT_PATTERNS = {
     # text without regex syntax: always a valid regex, a subset of the format
     "regex": r'^[^\\\[\](){}*+?|"\x00-\x1f]*$',
 }
-# Formats jsonschema checks (with the packages installed here) that we cannot enforce exactly.
+# formats jsonschema checks here that we cannot enforce exactly
 UNENFORCEABLE_FORMATS = frozenset({"idn-email", "idn-hostname", "iri", "iri-reference",
                                    "uri-template"})
-# Formats xgrammar enforces; jsonschema checks them when its [format] extras are installed.
+# formats xgrammar enforces (jsonschema checks them with its [format] extras)
 XGRAMMAR_FORMATS = frozenset({"uri", "uri-reference", "duration"})
-# Regex syntax whose meaning differs between xgrammar and Python's re (which jsonschema uses):
-# lookaround is ignored by xgrammar; negated classes \D \W \S are ASCII-only there (so they
-# admit e.g. Arabic digits that Python's \d matches); \b, \p, backreferences do not compile.
+# regex syntax whose meaning differs between xgrammar and Python's re: lookaround (ignored),
+# negated classes \D \W \S (ASCII-only there), \b, \p, backreferences (do not compile)
 _BAD_REGEX = re.compile(r"\(\?[=!<]|\\[DWSbBpPk1-9]|\[\^[^\]]*\\[dws]")
+# a class (a leading ']' is a member); over a regex, one atom: an escape, a class or a character
+_CLASS = r"\[\^?\]?(?:\\.|[^\]\\])*\]"
+REGEX_ATOM = re.compile(rf"\\.|{_CLASS}|.", re.DOTALL)
 
-# One string character that needs no escape. xgrammar 0.2.8's minLength / maxLength cost
-# 0.5-0.9 ms a mask inside the string (and admit raw control characters: json_ban removes
-# those); this class counted up to MAX_PATTERN_LENGTH costs 0.03-0.09 ms, past it the pattern
-# grows slow and larger bounds keep the keywords. No escapes: xgrammar admits no backslash in a
-# pattern-constrained string.
+# one string character that needs no escape (xgrammar admits none in a pattern's string): counted
+# up to MAX_PATTERN_LENGTH it masks ~10x faster than xgrammar's minLength / maxLength
 _PLAIN_CHAR = r'[^"\\\x00-\x1f]'
 MAX_PATTERN_LENGTH = 64
 
@@ -85,8 +84,7 @@ def rewrite_string(node: dict, pointer: str) -> None:
         raise refuse("format", pointer, f"format '{fmt}' cannot be enforced; supported: "
                      f"{sorted(FORMAT_PATTERNS) + sorted(XGRAMMAR_FORMATS)}")
     elif fmt in XGRAMMAR_FORMATS:
-        # jsonschema[format] (rfc3987, fqdn, isoduration) checks these where installed:
-        # keep xgrammar's check, which ignores pattern and length bounds beside a format
+        # xgrammar ignores pattern and length bounds beside a format
         for kw in ("pattern", "minLength", "maxLength"):
             if kw in node:
                 raise refuse(kw, pointer, f"'{kw}' together with format '{fmt}' is not "
@@ -119,57 +117,32 @@ def check_pattern(pattern: str, keyword: str, pointer: str) -> None:
                      f"enforced exactly")
 
 
-def _regex_pieces(pattern: str):
-    """(index, piece, outside_class) over a regex: an escape or a class's literal leading ']'
-    is one piece, anything else one character; outside_class is False inside [...]."""
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            yield i, pattern[i:i + 2], False
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-            yield i, c, False
-        elif c == "[":
-            in_class = True
-            skip = (2 if pattern[i + 1:i + 2] == "]" else 3 if pattern[i + 1:i + 3] == "^]"
-                    else 1)
-            yield i, pattern[i:i + skip], False
-            i += skip
-            continue
-        else:
-            yield i, c, True
-        i += 1
-
-
 def fix_optional_groups(pattern: str) -> str:
-    """Rewrite a group's `?` quantifier as `{0,1}`. xgrammar 0.2.8 compiles `x(ab+)?` wrongly:
-    it also admits "xb" (the group's elements before a trailing repetition become optional);
-    `x(ab+){0,1}` compiles correctly. Same language, so the rewrite is exact."""
-    out = []
-    for i, piece, outside in _regex_pieces(pattern):
-        if outside and piece == "?" and out and out[-1] == ")" and pattern[i - 1] == ")":
+    """A group's `?` as `{0,1}` (the same language): xgrammar 0.2.8 compiles `x(ab+)?` to also
+    admit "xb", `x(ab+){0,1}` correctly."""
+    out: list[str] = []
+    for atom in REGEX_ATOM.findall(pattern):
+        if atom == "?" and out and out[-1] == ")":
             out[-1] = "){0,1}"
         else:
-            out.append(piece)
+            out.append(atom)
     return "".join(out)
 
 
 def _misplaced_anchor(pattern: str) -> bool:
-    """True if ^ or $ (outside classes) sits where it is not the start/end of an alternative:
-    xgrammar drops such anchors, which would widen the language (e.g. 'a$b' matches nothing)."""
-    for i, c, outside in _regex_pieces(pattern):
-        if outside and (c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|")
-                        or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|")):
+    """True if ^ or $ sits where it is not the start/end of an alternative: xgrammar drops such
+    anchors, which would widen the language (e.g. 'a$b' matches nothing)."""
+    for match in REGEX_ATOM.finditer(pattern):
+        i, c = match.start(), match.group()
+        if (c == "^" and pattern[:i].rstrip("(")[-1:] not in ("", "|")
+                or c == "$" and pattern[i + 1:].lstrip(")")[:1] not in ("", "|")):
             return True
     return False
 
 
 # a top-level piece of a pattern: a class, an escape, a group or one character, and its
 # quantifier (greedy or lazy)
-_PIECE = re.compile(r"(\[\^?\]?(?:\\.|[^\]])*\]|\\.|\((?:\\.|\[(?:\\.|[^\]])*\]|[^()])*\)|[^|()])"
+_PIECE = re.compile(rf"({_CLASS}|\\.|\((?:\\.|{_CLASS}|[^()])*\)|[^|()])"
                     r"((?:[?*+]|\{\d+(?:,\d*)?\})\??)?")
 
 

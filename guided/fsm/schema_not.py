@@ -1,12 +1,7 @@
-"""`not` for schema_check, in the forms a grammar can say positively: not of types (the
-other types), of required names (one of them absent), of an enum over a boolean or null
-(the other values), and of anyOf of these (each in turn). A not beside an enum or const is
-no concern here: schema_check filters the values with jsonschema, `not` included.
-
-A not of an object's properties is a union (a non-object, or an object where one property
-fails its schema or a required name is absent: negation_union), and so is if/then/else
-(if and then, or not if and else: if_union); schema_check rewrites such a union's branches
-like anyOf's, each branch's own `not` in one of the forms above or refused.
+"""`not` for schema_check, in the forms a grammar can say positively: not of types, of required
+names, of an enum over a boolean or null, and of anyOf of these. A not of an object's properties
+is a union (negation_union), and so is if/then/else (if_union): schema_check rewrites their
+branches like anyOf's.
 """
 from __future__ import annotations
 
@@ -32,8 +27,8 @@ def if_union(node: dict) -> dict:
 
 
 def negation_union(node: dict) -> dict | None:
-    """node with its `not` as anyOf branches where the not is of an object's properties (or of
-    an anyOf holding one: the other members stay negated in each branch); None otherwise."""
+    """node with its `not` as anyOf branches where it negates an object's properties (or an anyOf
+    holding one: the others stay negated in each branch); None otherwise."""
     branches = _negated_branches(node["not"])
     if branches is None:
         return None
@@ -115,8 +110,8 @@ def _exclude_types(node: dict, excluded: set, pointer: str) -> None:
 
 
 def _forbid_one(node: dict, names: list, pointer: str) -> None:
-    """Objects lacking one of names: the first that is not required is made absent, and
-    undeclared keys are no longer generated (stricter where the object was open)."""
+    """Objects lacking one of names: the first not required is made absent, the object closed
+    (stricter where it was open)."""
     if "object" not in as_list(node.get("type", "object")):
         raise Unsatisfiable(f"the not at {where(pointer)} admits no value")
     node["type"] = "object"  # required holds of every non-object: the not refuses them

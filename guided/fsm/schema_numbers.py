@@ -1,10 +1,8 @@
 """multipleOf for schema_check: xgrammar enforces it on integers by an integer divisor only.
 
-A decimal divisor d = p/q (in lowest terms, as the client wrote it) is met by the integers that
-p divides; schema_check asks for those (stricter where the type is number: no fractions are
-generated). xgrammar ignores multipleOf beside a range (it warns): a bounded multipleOf becomes
-the enum of its few values, or is refused. jsonschema divides in floating point (instance / d must be integral), so the rewrite
-is checked against that division over every integer it admits, which are bounded for it.
+A decimal divisor p/q is met by the integers p divides (stricter: no fractions), checked against
+jsonschema's floating-point division over every integer admitted (bounded for it). xgrammar
+ignores multipleOf beside a range: a bounded one becomes the enum of its few values, or refused.
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ MULTIPLE_RANGE = 10**6
 
 
 def rewrite_multiple_of(node: dict, types: list, pointer: str) -> bool:
-    """Rewrite node's multipleOf into one xgrammar enforces: node becomes an integer schema
-    (returns True, the caller then treats its bounds as integers), or refuse."""
+    """node's multipleOf as one xgrammar enforces: node becomes an integer schema (True)."""
     divisor = node["multipleOf"]
     if types not in (["integer"], ["number"]):
         raise refuse("multipleOf", pointer, "multipleOf beside non-numeric types")
@@ -44,8 +41,8 @@ def rewrite_multiple_of(node: dict, types: list, pointer: str) -> bool:
 
 @lru_cache(maxsize=256)
 def _division_agrees(divisor: float, step: int) -> bool:
-    """Whether every multiple of step within MULTIPLE_RANGE divided by divisor is integral in
-    floating point, as jsonschema computes it."""
+    """Whether every multiple of step within MULTIPLE_RANGE / divisor is integral in floating
+    point, as jsonschema computes it."""
     top = MULTIPLE_RANGE - MULTIPLE_RANGE % step
     quotients = np.arange(-top, top + 1, step, dtype=np.float64) / divisor  # (n,)
     return bool(np.all(quotients == np.trunc(quotients)))

@@ -1,12 +1,9 @@
-"""Object keywords for schema_check that xgrammar 0.2.8 enforces only in some forms:
-patternProperties, propertyNames, minProperties beside undeclared keys, and
-unevaluatedProperties / unevaluatedItems where they are additionalProperties / items.
+"""Object keywords for schema_check that xgrammar 0.2.8 enforces only in some forms.
 
-Probed facts (strict mode): a patternProperties / propertyNames pattern is matched whole (a
-subset of the keys JSON Schema's match-anywhere admits); a key a pattern admits that is also a
-declared name gets the pattern's schema only, and additionalProperties beside patterns admits
-any key with its own schema: such overlaps are refused and additionalProperties dropped
-(stricter); undeclared keys may repeat, so minProperties counts only surely distinct keys.
+Probed (strict mode): a patternProperties / propertyNames pattern is matched whole (a subset of
+JSON Schema's match-anywhere); a declared name a pattern admits gets the pattern's schema only,
+and additionalProperties beside patterns admits any key: such overlaps are refused and
+additionalProperties dropped; undeclared keys may repeat, so minProperties counts distinct ones.
 """
 from __future__ import annotations
 
@@ -34,11 +31,8 @@ _IN_PLACE = ("allOf", "anyOf", "oneOf", "if", "then", "else", "$ref", "$dynamicR
 
 
 def rewrite_unevaluated(node: dict) -> None:
-    """unevaluatedProperties / unevaluatedItems beside no in-place applicator: only node's own
-    keywords evaluate, so they are additionalProperties / items (or nothing where those are
-    given: every property or item is then evaluated). Beside an applicator they stay, to be
-    refused (schema_merge refuses them in a merge: a sibling's properties are no longer told
-    apart from the node's own)."""
+    """unevaluatedProperties / unevaluatedItems beside no in-place applicator are
+    additionalProperties / items (nothing where those are given); else they stay, refused."""
     if any(k in node for k in _IN_PLACE):
         return
     if "unevaluatedProperties" in node:
@@ -50,9 +44,8 @@ def rewrite_unevaluated(node: dict) -> None:
 
 
 def rewrite_pattern_properties(node: dict, pointer: str) -> None:
-    """Declared names a pattern matches get its schema too (allOf); overlapping patterns with
-    different schemas, and a pattern that admits a declared name whose schema differs, are
-    refused; additionalProperties is dropped (see the module docstring)."""
+    """Declared names a pattern matches get its schema too (allOf); overlaps with different
+    schemas are refused; additionalProperties is dropped."""
     patterns = node.get("patternProperties")
     if not patterns:
         return
@@ -99,8 +92,8 @@ def rewrite_pattern_properties(node: dict, pointer: str) -> None:
 
 
 def rewrite_property_names(node: dict, pointer: str, validator) -> None:
-    """propertyNames: declared names it refuses are dropped (refused if required); undeclared
-    keys get its pattern or enum, for xgrammar to enforce."""
+    """Declared names propertyNames refuses are dropped (refused if required); undeclared keys
+    get its pattern or enum."""
     names = node.pop("propertyNames", None)
     if names is None or names is True:
         return
@@ -138,7 +131,7 @@ def rewrite_property_names(node: dict, pointer: str, validator) -> None:
 
 
 def _undeclared_keys(names: dict, check, props: dict, extra: Any, at: str) -> dict | None:
-    """The propertyNames schema xgrammar gets for undeclared keys (None: no key is left)."""
+    """The propertyNames xgrammar gets for undeclared keys (None: no key is left)."""
     if not set(names) <= {"pattern", "enum", "const", "minLength", "maxLength"}:
         raise refuse("propertyNames", at, "only a pattern, an enum or length bounds are "
                                           "supported")
@@ -208,9 +201,9 @@ MAX_DEPENDENCY_SPLITS = 4
 
 
 def split_dependencies(node: dict, pointer: str) -> dict:
-    """node's dependentRequired / dependentSchemas as plain keywords: a present trigger's
-    dependencies become required (and its schema merged, allOf); an optional trigger splits
-    the object in two branches (anyOf): without it, and with it and its dependencies."""
+    """dependentRequired / dependentSchemas as plain keywords: a required trigger's dependencies
+    become required (its schema merged); an optional one splits the object in two (anyOf):
+    without it, and with it and its dependencies."""
     node = dict(node)
     needs = dict(node.pop("dependentRequired", {}) or {})
     schemas = dict(node.pop("dependentSchemas", {}) or {})
@@ -251,8 +244,7 @@ def _dependency_branches(node: dict, trigger: str, needs: list, schema, rest_nee
     if rest_schemas:
         rest["dependentSchemas"] = rest_schemas
     without = {**copy.deepcopy(node), **copy.deepcopy(rest)}
-    # the trigger's `false` survives schemas merged into the branch later (a dependentSchemas
-    # declaring it again); the branch is closed, so that the trigger cannot come as an
+    # `false` survives schemas merged in later; closed, the trigger cannot come as an
     # undeclared key either (stricter where the object was open)
     without["properties"] = {**node.get("properties", {}), trigger: False}
     without["additionalProperties"] = False

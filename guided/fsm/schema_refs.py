@@ -1,18 +1,7 @@
 """The passes before a schema is checked: draft 4-7 spellings read as their 2020-12 equivalents
-(upgrade), and references made local (localize_refs).
-
-upgrade rewrites only spellings 2020-12 gives no other meaning to: `items` as a list (now
-prefixItems) with `additionalItems` (now items), `dependencies` (now dependentRequired and
-dependentSchemas; 2020-12 ignores the old name, so enforcing it is only stricter there), and
-draft 4's boolean exclusiveMinimum / exclusiveMaximum.
-
-localize_refs rewrites every $ref the document itself can resolve (through $id base URIs,
-embedded resources, $anchor, `"$id": "#name"` anchors, draft 4's `id`) as a JSON pointer into
-the document and drops the identifiers; a reference to a document not embedded stays, for the
-checker to refuse.
-
-    {"$id": "http://x.com/root", "$defs": {"a": {"$id": "int.json", "type": "integer"}},
-     "$ref": "int.json"}          ->  ... "$ref": "#/$defs/a"
+(upgrade: only spellings 2020-12 gives no other meaning to), and every $ref the document can
+resolve itself ($id bases, $anchor, draft 4's `id`) made a local JSON pointer (localize_refs);
+a reference to a document not embedded stays, for the checker to refuse.
 """
 from __future__ import annotations
 
@@ -47,8 +36,7 @@ def _map_children(node: dict, fn: Callable[[Any, str], Any]) -> dict:
 
 
 def upgrade(schema: Any, depth: int = 0) -> Any:
-    """A copy of schema with the old spellings replaced (past MAX_DEPTH left as it is: the
-    checker refuses it)."""
+    """A copy of schema with the old spellings replaced (past MAX_DEPTH left for the checker)."""
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
         return schema
     node = _map_children(schema, lambda child, _: upgrade(child, depth + 1))
@@ -69,9 +57,8 @@ def upgrade(schema: Any, depth: int = 0) -> Any:
 
 
 def localize_refs(schema: Any) -> Any:
-    """A copy of schema with its resolvable references local and its identifiers dropped (the
-    schema itself where it declares none). Raises ConstraintError for a $ref whose target
-    depends on the draft."""
+    """A copy of schema with its resolvable references local and its identifiers dropped;
+    ConstraintError for a $ref whose target depends on the draft."""
     text = str(schema)
     if not isinstance(schema, dict) or not ("'$id'" in text or "'$anchor'" in text
                                             or "'id': '" in text):

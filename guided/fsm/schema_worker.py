@@ -1,12 +1,8 @@
-"""Worker processes that check JSON schemas (schema_check): the Python stage of a schema's
-compile, the only one that holds the GIL (~7 ms a schema, in holds of milliseconds, from
-a step loop that needs it every few microseconds while a cold server compiles dozens of schemas
-a second); here the compile thread that asks waits on a pipe, without the GIL.
-
-A worker is `python -m guided.fsm.schema_worker` (a plain subprocess, not multiprocessing's
-spawn, which would re-import the caller's __main__), sent length-prefixed pickles on stdin and
-answering on stdout. Workers start on first use; one that fails is replaced, and its schema is
-analysed in the asking thread instead.
+"""Worker processes that check JSON schemas: the one stage of a compile that holds the GIL
+(~7 ms a schema, which the step loop needs every few microseconds); the asking compile thread
+waits on a pipe instead. A worker is `python -m guided.fsm.schema_worker` (not multiprocessing's
+spawn, which re-imports the caller's __main__) fed length-prefixed pickles; one that fails is
+replaced, its schema checked in the asking thread.
 """
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ _HEADER = struct.Struct("<Q")
 
 
 def check(value: str) -> dict:
-    """The schema (JSON text) as check_schema rewrites it; ConstraintError where refused."""
+    """The schema (JSON text) as check_schema rewrites it."""
     from guided.fsm.schema_check import check_schema
 
     return check_schema(json.loads(value))
@@ -58,7 +54,7 @@ class SchemaWorkers:
         self._closed = False
 
     def check(self, value: str) -> dict:
-        """check() on an idle worker (waits for one); in this thread if the worker fails."""
+        """check() on an idle worker; in this thread if the worker fails."""
         worker = self._idle.get()
         try:
             if worker is None or worker.poll() is not None:

@@ -1,7 +1,4 @@
-"""How the grammar compiler runs: its settings, and their defaults for a host, derived once.
-
-Nothing here is a user option: EngineConfig carries what a user sets (any_whitespace,
-compile_timeout_s); the engine derives the rest from its host once (for_host)."""
+"""How the grammar compiler runs: derived once from EngineConfig and the host (no user options)."""
 from __future__ import annotations
 
 import os
@@ -33,13 +30,9 @@ class CompileSettings:
     @classmethod
     def for_host(cls, *, any_whitespace: bool, compile_timeout_s: float, on_gpu: bool,
                  num_cpus: int = NUM_CPUS) -> CompileSettings:
-        """A GPU host of 8+ CPUs, whose step loop needs one core, compiles under SCHED_IDLE on
-        three quarters of the CPUs, one compile on up to 8 threads, and checks schemas in 4
-        processes (H200 host of 16 CPUs, default model cold at 64, RESULTS sessions 28-29: the
-        loop's wait for a core 0-1% against 5-22%; 12 threads 4323.7-4795.1 tok/s against 3578.1
-        with 6; TPOT p50 9.0 ms with schema processes, 11.7 without). On the CPU the forward
-        pass keeps every core busy (idle-class compiles would wait for their timeout): 4 threads
-        of one compile each, in-process."""
+        """A GPU host of 8+ CPUs compiles under SCHED_IDLE on three quarters of them, one compile
+        on up to 8 threads, and checks schemas in 4 processes (benchmarks/RESULTS.md). On the CPU
+        the forward pass keeps every core busy: 4 threads of one compile each, in-process."""
         roomy_gpu = on_gpu and num_cpus >= 8
         return cls(any_whitespace=any_whitespace, compile_timeout_s=compile_timeout_s,
                    compile_threads=max(4, num_cpus * 3 // 4) if roomy_gpu else 4,

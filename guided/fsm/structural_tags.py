@@ -1,16 +1,8 @@
-"""Structural tags (vLLM's and SGLang's `structural_tag`): free text until a trigger opens a
-tag, whose content then follows its JSON schema, until the tag's end. Two forms arrive:
-
-- the legacy one vLLM and SGLang document: `{"structures": [{"begin", "schema", "end"}],
-  "triggers": [...]}`;
-- xgrammar's newer one: `{"type": "structural_tag", "format": {...}}`, whose nested formats
-  carry schemas as `{"type": "json_schema", "json_schema": {...}}`.
-
-Every schema inside is checked like a response_format's (schema_check: refused keywords are a
-400, never silently ignored by xgrammar) and replaced by its rewritten form, its whitespace runs
-bounded unless the tag bounds them itself (xgrammar's default is unbounded: a small model looped
-on newlines); the legacy form becomes the newer one; xgrammar compiles the result
-(xgrammar_backend.grammar_of)."""
+"""Structural tags (vLLM's and SGLang's `structural_tag`): free text until a trigger opens a tag
+whose content follows its JSON schema. The legacy form (`{"structures": [{"begin", "schema",
+"end"}], "triggers"}`) becomes xgrammar's newer one (`{"type": "structural_tag", "format"}`);
+every schema inside is checked like a response_format's, its whitespace runs bounded unless
+the tag bounds them itself (xgrammar's default is unbounded)."""
 from __future__ import annotations
 
 import json

@@ -1,14 +1,9 @@
 """A grammar's character classes rewritten so that xgrammar admits valid UTF-8 only.
 
-xgrammar 0.2.8 matches text byte by byte, and two of its encodings of a class admit bytes that
-are not UTF-8 (random walks found both: benchmarks/grammar_soundness.py --walks):
-- a pattern compiled to a byte automaton (a `Regex("...")` node) encodes a range that crosses a
-  UTF-8 length boundary loosely (the byte after the lead byte left open), so overlong forms and
-  UTF-16 surrogates pass: every negated class and `.` has such a range;
-- an EBNF class holding U+D800-U+DFFF admits their three-byte encodings (every negated class,
-  the JSON string's own among them).
-exact_utf8 rewrites the grammar's text, its language otherwise the same: EBNF classes lose the
-surrogates; a pattern's classes and `.` become one class per UTF-8 length, less the surrogates.
+xgrammar 0.2.8 admits non-UTF-8 bytes in two encodings of a class (random walks found both):
+a `Regex("...")` node's range that crosses a UTF-8 length boundary (overlong forms and
+surrogates pass), and an EBNF class holding U+D800-U+DFFF. So EBNF classes lose the surrogates,
+and a pattern's classes and `.` become one class per UTF-8 length, less the surrogates.
 """
 from __future__ import annotations
 
@@ -16,6 +11,8 @@ import json
 import re
 import re._constants as sre
 import re._parser as sre_parse
+
+from guided.fsm.schema_formats import REGEX_ATOM
 
 _SURROGATES = (0xD800, 0xDFFF)
 _LENGTHS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
@@ -29,8 +26,6 @@ _CATEGORIES = {sre.CATEGORY_DIGIT: (_DIGIT, False), sre.CATEGORY_NOT_DIGIT: (_DI
 # over a grammar's text: a Regex node's pattern, a quoted literal (left alone), a class
 _GRAMMAR_PIECE = re.compile(r'Regex\((?P<pattern>"(?:\\.|[^"\\])*")|"(?:\\.|[^"\\])*"'
                             r"|(?P<cls>\[(?:\\.|[^\]\\])*\])")
-# over a pattern: an escape, a class (a leading ']' is a member) or any one character
-_PATTERN_PIECE = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]|.", re.DOTALL)
 # the escapes xgrammar prints in a quoted pattern
 _QUOTED_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
 _NAMED = {"0": "\0", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b": "\b"}
@@ -38,7 +33,7 @@ _NAMED = {"0": "\0", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b":
 
 def exact_utf8(grammar: str) -> str:
     """xgrammar's printed grammar with every class (and a pattern's `.`) matching valid UTF-8
-    only; a class it cannot read stays as it is."""
+    only; a class it cannot read stays."""
     def piece(match: re.Match) -> str:
         if match.group("pattern"):
             pattern = _QUOTED_ESCAPE.sub(_unescape, match.group("pattern")[1:-1])
@@ -51,11 +46,10 @@ def exact_utf8(grammar: str) -> str:
 
 
 def exact_pattern(pattern: str) -> str:
-    """The regex with each class that reaches past ASCII, and `.`, as one class per UTF-8
-    length, (a|b|..) where there are several, none holding a surrogate."""
+    """The regex with each class reaching past ASCII, and `.`, as (a|b|..): one class per UTF-8
+    length, none holding a surrogate."""
     out = []
-    for match in _PATTERN_PIECE.finditer(pattern):
-        text = match.group(0)
+    for text in REGEX_ATOM.findall(pattern):
         if text == ".":
             text = "[^\\n]"
         elif text in ("\\D", "\\W", "\\S"):

@@ -1,10 +1,9 @@
-"""A bounded thread pool whose jobs (grammar compiles) have a deadline, and the lowered priority
-its threads run at. A C++ compile cannot be interrupted, so a job past its deadline is
-abandoned: its owner is told (or its future fails) at once and a fresh worker replaces it; so is
-a job its owner drops while it runs, whose thread then runs at the lowest priority until its
-compile ends. With max_wait_s, queued jobs that would not start within it are cancelled (shed)
-rather than left to time out, except those submitted not sheddable (an offline batch's: a
-forecast shed 95 of 128 schemas such a batch submitted at once on a busy 2-core host)."""
+"""A bounded thread pool whose jobs (grammar compiles) have a deadline, at a lowered priority.
+
+A C++ compile cannot be interrupted, so a job past its deadline or dropped by its owner while
+running is abandoned: it runs on at nice 19 and a fresh worker replaces it. With max_wait_s,
+queued sheddable jobs that would not start within it are cancelled rather than left to time out
+(an offline batch's are submitted not sheddable)."""
 from __future__ import annotations
 
 import heapq
@@ -22,42 +21,46 @@ from typing import Any
 from guided.errors import ConstraintError
 
 log = logging.getLogger(__name__)
-# threads (live and abandoned) per worker: a storm of compiles past their deadline leaves
-# 3 x num_workers abandoned at nice 19 before new specs would wait for one of them to end
+# threads (live and abandoned) per worker: stuck compiles shrink the pool, never grow it
 MAX_THREADS_PER_WORKER = 4
-# the typical duration's memory: each finished job moves it this far towards its duration
+# each finished job moves the typical duration this far towards its own
 _DURATION_WEIGHT = 0.2
-# with max_wait_s: how often the watchdog looks at a queue for jobs that can no longer start in
-# time (a storm's refusals come this soon once its running compiles show they are slow)
+# with max_wait_s: how often queued jobs are checked for whether they can still start in time
 _SHED_EVERY_S = 0.2
 
 
-def lower_thread_priority(nice: int, idle: bool = False) -> None:
-    """Add `nice` to the calling thread's niceness, and with `idle` put it under SCHED_IDLE
-    (Linux: a thread's priority is its own, and threads it starts inherit it). Best effort:
-    elsewhere, or without permission, a no-op."""
-    tid = threading.get_native_id()
-    if nice > 0 and hasattr(os, "setpriority"):
+def _renice(tid: int | None, nice: int, idle: bool = False) -> None:
+    """Add `nice` to a thread's niceness (19 at most), and with `idle` put it under SCHED_IDLE
+    (Linux: threads it starts inherit both). Best effort: elsewhere, or unpermitted, a no-op."""
+    if tid is None:
+        return
+    if nice > 0:
         try:
             os.setpriority(os.PRIO_PROCESS, tid,
                            min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        except OSError:
+        except (OSError, AttributeError):
             pass
-    if idle and hasattr(os, "SCHED_IDLE"):
+    if idle:
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
+        except (OSError, AttributeError):
             pass
+
+
+def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Settle future unless it is settled already (a timeout, a cancel)."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:
+        pass
 
 
 class WatchdogPool:
-    """A bounded thread pool whose jobs have a deadline from the moment they start.
-
-    Invariants: live workers <= num_workers; live + abandoned (timed out or dropped, still
-    running) <= MAX_THREADS_PER_WORKER x num_workers, so stuck compiles shrink the pool rather
-    than grow the thread
-    count; an abandoned worker exits when its job ends, replaced if the pool is short.
-    """
+    """Invariants: live workers <= num_workers; live + abandoned <= MAX_THREADS_PER_WORKER x
+    num_workers; an abandoned worker exits when its job ends, replaced if the pool is short."""
 
     def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
                  idle: bool = False, name: str = "grammar-compile",
@@ -67,7 +70,7 @@ class WatchdogPool:
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s  # None: queued jobs wait however long it takes
         self.nice = nice
-        self.idle = idle  # SCHED_IDLE (lower_thread_priority)
+        self.idle = idle
         self._cond = threading.Condition()
         # queued: (future, fn, label, on_overdue, sheddable)
         self._jobs: list[tuple[Future, Callable[[], Any], str, Callable[[], None] | None,
@@ -75,10 +78,9 @@ class WatchdogPool:
         self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
         # worker id -> its current job: (future, label, job id, on_overdue, start time)
         self._running: dict[int, tuple[Future, str, int, Callable[[], None] | None, float]] = {}
-        self._tids: dict[int, int] = {}  # worker id -> its thread's native id (renice)
+        self._tids: dict[int, int] = {}  # worker id -> its thread's native id
         self._abandoned: set[int] = set()
-        # how long a job holds a worker (at most timeout_s: then it is abandoned), moving average
-        self._mean_s: float | None = None
+        self._mean_s: float | None = None  # how long a job holds a worker, moving average
         self._live = 0
         self._ids = itertools.count()
         self._closed = False
@@ -93,27 +95,23 @@ class WatchdogPool:
 
     @property
     def num_queued(self) -> int:
-        """Jobs waiting for a worker."""
         with self._cond:
             return len(self._jobs)
 
     @property
     def num_threads(self) -> int:
-        """Worker threads alive: never more than MAX_THREADS_PER_WORKER x num_workers."""
         with self._cond:
             return self._live + len(self._abandoned)
 
     def room(self) -> float:
-        """How many more jobs could queue now and still start within max_wait_s (unbounded
-        without it); 0 where no live worker is left (abandoned threads at their bound)."""
+        """How many more jobs could queue now and still start within max_wait_s."""
         with self._cond:
             return self._start_limit(time.monotonic()) - len(self._jobs)
 
     def _start_limit(self, now: float) -> float:  # caller holds the lock
         """How many queued jobs can start within max_wait_s: one per idle live worker now, then
-        one per live worker each typical job duration (the recent mean, or what the running
-        jobs have taken so far where that is longer: a storm's first compiles show it before
-        any ends), a worker being freed within timeout_s at the latest."""
+        one per live worker each typical job duration (the recent mean, or the running jobs'
+        median so far where longer: a storm's first compiles show it before any ends)."""
         if self.max_wait_s is None:
             return math.inf
         elapsed = [now - job[4] for w, job in self._running.items() if w not in self._abandoned]
@@ -126,9 +124,8 @@ class WatchdogPool:
 
     def submit(self, future: Future, fn: Callable[[], Any], *, label: str = "job",
                on_overdue: Callable[[], None] | None = None, sheddable: bool = True) -> None:
-        """Run fn() for future. Past timeout_s of running: on_overdue() if given (the future is
-        left to the job, which may still finish it), else the future fails. sheddable: it may
-        be cancelled while queued, where it would not start within max_wait_s."""
+        """Run fn() for future. Past timeout_s of running: on_overdue() if given (the job may
+        still settle the future), else the future fails."""
         with self._cond:
             if self._closed:
                 future.set_exception(ConstraintError("the grammar compiler is shut down"))
@@ -137,9 +134,7 @@ class WatchdogPool:
             self._cond.notify_all()
 
     def drop(self, future: Future) -> None:
-        """Nobody waits for future's job any more: a queued job is removed (the future
-        cancelled); a running one is abandoned (a fresh worker replaces it, within the thread
-        bound) and its thread reniced to 19 until its job ends."""
+        """Nobody waits for future's job: a queued one is cancelled, a running one abandoned."""
         with self._cond:
             queued = next((i for i, job in enumerate(self._jobs) if job[0] is future), None)
             if queued is not None:
@@ -157,7 +152,7 @@ class WatchdogPool:
             jobs, self._jobs = self._jobs, []
             self._cond.notify_all()
         for future, *_ in jobs:
-            _settle(future, None, ConstraintError("the grammar compiler is shut down"))
+            settle(future, error=ConstraintError("the grammar compiler is shut down"))
 
     def _spawn(self) -> None:  # caller holds the lock (or is __init__)
         self._live += 1
@@ -166,7 +161,7 @@ class WatchdogPool:
                          daemon=True).start()
 
     def _work(self, worker_id: int) -> None:
-        lower_thread_priority(self.nice, self.idle)
+        _renice(threading.get_native_id(), self.nice, self.idle)
         with self._cond:
             self._tids[worker_id] = threading.get_native_id()
         while True:
@@ -193,19 +188,18 @@ class WatchdogPool:
                 result, error = None, ConstraintError(f"{label} failed to compile: {e!r}")
             # outside the lock: the future's callbacks may take their owner's lock, which may
             # be held by a thread waiting for this one (submit)
-            _settle(future, result, error)
+            settle(future, result, error)
             with self._cond:
                 self._running.pop(worker_id, None)
                 if worker_id not in self._abandoned:  # (an abandoned one counted timeout_s)
                     self._observe(time.monotonic() - started)
-                else:
-                    # it may run at the lowest priority (dropped), which it cannot undo: a fresh
-                    # worker takes its place where the thread bound kept the pool short
-                    self._abandoned.discard(worker_id)
-                    self._tids.pop(worker_id, None)
-                    if self._live < self.num_workers and not self._closed:
-                        self._spawn()
-                    return
+                    continue
+                # it may run at nice 19, which it cannot undo: a fresh worker takes its place
+                self._abandoned.discard(worker_id)
+                self._tids.pop(worker_id, None)
+                if self._live < self.num_workers and not self._closed:
+                    self._spawn()
+                return
 
     def _observe(self, duration: float) -> None:  # caller holds the lock
         self._mean_s = duration if self._mean_s is None else (
@@ -223,8 +217,7 @@ class WatchdogPool:
                     overdue.extend(self._expire(worker_id, job_id))
                 while self._deadlines and not self._is_running(*self._deadlines[0][1:]):
                     heapq.heappop(self._deadlines)  # finished in time
-                limit = self._start_limit(now)
-                excess = len(self._jobs) - limit
+                excess = len(self._jobs) - self._start_limit(now)
                 for i in range(len(self._jobs) - 1, -1, -1):  # the newest go: the first come
                     if excess <= 0:  # keep their turn
                         break
@@ -249,8 +242,8 @@ class WatchdogPool:
         return running is not None and running[2] == job_id
 
     def _expire(self, worker_id: int, job_id: int) -> list[Callable[[], None]]:
-        """(caller holds the lock) What to call, outside the lock, for an overdue job: its
-        overdue callback, else the failure of its future."""
+        """(lock held) What to call outside the lock for an overdue job: its overdue callback,
+        else its future's failure."""
         if not self._is_running(job_id, worker_id) or worker_id in self._abandoned:
             return []
         future, label, _, on_overdue, _ = self._running[worker_id]
@@ -260,35 +253,14 @@ class WatchdogPool:
             return [on_overdue]
         error = ConstraintError(
             f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)")
-        return [lambda: _settle(future, None, error)]
+        return [lambda: settle(future, error=error)]
 
     def _abandon(self, worker_id: int) -> None:  # caller holds the lock
         self._abandoned.add(worker_id)
         self._live -= 1
-        # an abandoned job runs on at the lowest priority: the fresh worker that replaces it
-        # (a new schema after a storm of slow ones) comes first for the cores
+        # at nice 19 the fresh worker that replaces it (a new schema after a storm of slow
+        # ones) comes first for the cores
         _renice(self._tids.get(worker_id), 19)
         if (self._live + len(self._abandoned) < MAX_THREADS_PER_WORKER * self.num_workers
                 and not self._closed):
             self._spawn()
-
-
-def _settle(future: Future, result: Any, error: BaseException | None) -> None:
-    """Settle future unless it is settled already (a timeout, a cancel)."""
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass
-
-
-def _renice(tid: int | None, niceness: int) -> None:
-    """Set a thread's niceness (only ever raised: lowering it needs privileges). Best effort."""
-    if tid is None or not hasattr(os, "setpriority"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
-    except OSError:
-        pass

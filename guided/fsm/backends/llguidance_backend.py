@@ -1,9 +1,7 @@
-"""llguidance backend: checked JSON schemas whose xgrammar compile is slow (long string bounds:
-seconds to minutes with a 49k vocabulary, where llguidance builds its lazy grammar in ms).
+"""llguidance backend: checked JSON schemas whose xgrammar compile is slow (long string bounds).
 
-A checked schema (written for xgrammar's strict mode) is restated so that llguidance admits the
-same language: patterns anchored (the checked schema means a whole match; llguidance, like JSON
-Schema, matches anywhere); strict mode's closed objects and tuples said explicitly; only keywords
+A checked schema is restated so that llguidance admits the same language: patterns anchored
+(whole matches), strict mode's closed objects and tuples said explicitly, and only keywords
 probed to be enforced by llguidance passed (any other keeps the schema on xgrammar).
 """
 from __future__ import annotations
@@ -45,7 +43,7 @@ class _Ineligible(Exception):
 
 def prefers_llguidance(node: Any) -> bool:
     """Whether xgrammar's compile of this checked schema is slow: a string bound past what
-    schema_check writes as a short pattern (xgrammar counts it out character by character)."""
+    schema_check writes as a short pattern."""
     if isinstance(node, dict):
         return any(isinstance(node.get(key), int) and node[key] > MAX_PATTERN_LENGTH
                    for key in ("maxLength", "minLength")) or any(
@@ -96,10 +94,8 @@ def _anchored(pattern: str) -> str:
 
 
 class _OwnTokens:
-    """What llguidance's TokenizerWrapper reads of a tokenizer: our token table (fsm/vocab.py)
-    and the tokenizer's own encoding. Not llguidance.hf.from_tokenizer: under tokenizers 0.23.2
-    (the GPU image) it parsed the tokenizer's JSON wrongly and 59 of 81 requests on its schemas
-    failed with a rejected token on an H200 host."""
+    """What llguidance's TokenizerWrapper reads: our token table and the tokenizer's encoding
+    (llguidance.hf.from_tokenizer misread tokenizers 0.23.2's JSON: rejected tokens)."""
 
     def __init__(self, tokenizer, vocab: TokenVocab):
         special = vocab.special_ids
@@ -147,14 +143,13 @@ class LLGuidanceBackend:
 
 
 class LLGuidanceMatcher(Matcher):
-    """llguidance stops by itself once nothing may follow (no EOS to consume then): this
-    matcher allows EOS there and counts it, so that it ends like the other backends' do."""
+    """llguidance stops by itself once nothing may follow: EOS is allowed and counted there, so
+    that it ends like xgrammar's."""
 
     __slots__ = ("_ended", "_eos", "_eos_in_llg", "_matcher", "_num_bytes", "_num_tokens",
                  "_tokenizer")
 
     def __init__(self, start, backend: LLGuidanceBackend):
-        """start: LLGuidanceBackend.start's matcher (copied, never advanced itself)."""
         self._matcher = start.deep_copy()
         self._tokenizer = backend.tokenizer
         self._num_tokens = backend.vocab.vocab_size

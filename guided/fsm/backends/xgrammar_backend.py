@@ -55,9 +55,8 @@ class Recipe(NamedTuple):
 
 
 def grammar_of(recipe: Recipe) -> xgr.Grammar:
-    """The recipe's grammar, its classes admitting valid UTF-8 only (utf8_classes.py) and long
-    counted strings compiled as character budgets (char_budgets.py). Raises xgrammar's
-    errors."""
+    """The recipe's grammar, its classes admitting valid UTF-8 only and long counted strings
+    spelled as character budgets (grammar_text.py). Raises xgrammar's errors."""
     if recipe.any_whitespace:
         options = {"any_whitespace": True, "max_whitespace_cnt": recipe.max_whitespace}
     else:
@@ -87,8 +86,7 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
 
 
 def _checked(recipe: Recipe) -> xgr.Grammar:
-    """The recipe's grammar, refused (ConstraintError naming the problem) where it does not
-    parse, could never end or forces unbounded text (fsm/grammar_bounds.py)."""
+    """The recipe's grammar; ConstraintError where it does not parse or fails its bounds."""
     try:
         grammar = grammar_of(recipe)
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
@@ -104,8 +102,7 @@ def _detail(error: Exception) -> str:
 
 
 def bounds_problem(recipe: Recipe) -> str | None:
-    """Why the recipe's grammar can never end or forces unbounded text, without compiling it;
-    None if it passes or does not parse (the compile then says why)."""
+    """Why the recipe's grammar fails its bounds; None if it passes or does not parse."""
     try:
         grammar = grammar_of(recipe)
     except Exception:  # noqa: BLE001 - a syntax error: the compile reports it
@@ -118,8 +115,7 @@ def bounds_problem(recipe: Recipe) -> str | None:
 
 
 class XGrammarBackend:
-    """Compiles recipes with one xgrammar GrammarCompiler (thread-safe, the GIL released;
-    xgrammar's own cache off: GrammarCompiler keeps an LRU)."""
+    """One thread-safe xgrammar GrammarCompiler (its cache off: GrammarCompiler keeps an LRU)."""
 
     def __init__(self, vocab: TokenVocab, config: CompileSettings):
         self.vocab = vocab
@@ -135,9 +131,8 @@ class XGrammarBackend:
         self._bans_lock = threading.Lock()
 
     def json_ban(self) -> TokenBan:
-        """The tokens JSON output may never contain: those with a raw control byte (JSON
-        escapes them) other than whitespace where whitespace is free. Applied to every JSON
-        row: xgrammar 0.2.8's minLength / maxLength strings admit raw control characters."""
+        """Tokens with a raw control byte (whitespace aside where it is free): xgrammar 0.2.8's
+        minLength / maxLength strings admit them, JSON never does."""
         with self._bans_lock:
             if self._json_ban is None:
                 allowed = b"\t\n\r" if self.config.any_whitespace else b""
@@ -149,8 +144,6 @@ class XGrammarBackend:
             return self._json_ban
 
     def recipe(self, kind: str, source: str = "") -> Recipe:
-        """kind: "json_schema" (source: a schema check_schema has rewritten, as JSON),
-        "json_object", "regex", "grammar" (xgrammar's GBNF-style EBNF) or "structural_tag"."""
         return Recipe(kind, source, self.config.any_whitespace, self.config.max_whitespace)
 
     def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
@@ -167,16 +160,14 @@ class XGrammarMatcher(Matcher):
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None):
         self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
-        # the C++ matcher itself for the calls the step loop makes per token, past xgrammar's
-        # Python wrappers (an xgrammar without it fails here, in every matcher test)
+        # the C++ matcher itself for the step loop's per-token calls, past the Python wrappers
         self._handle = self._matcher._handle
         self.compiled = compiled  # shared by the request's grammar
         self._num_tokens = len(vocab.token_bytes)
         self._eos = vocab.eos_token_ids
         self.ban = ban  # tokens never allowed, whatever the grammar says (json_ban), or None
-        # whether a stop token was ever accepted: only then can the matcher be terminated. The
-        # step loop asks ~300 times a step at 256 requests; each call into xgrammar lets go of
-        # the GIL, which the mask and side threads then hold for a while
+        # whether a stop token was ever accepted: only then can it be terminated (each call into
+        # xgrammar lets go of the GIL, which the mask threads then hold for a while)
         self._stopped = False
 
     @property
@@ -195,7 +186,7 @@ class XGrammarMatcher(Matcher):
         return accepted
 
     def note_accepted(self, token_id: int) -> None:
-        """A token accepted on the xgrammar matcher itself (a batched accept)."""
+        """token_id was accepted on the xgrammar matcher itself (a batched accept)."""
         if token_id in self._eos:
             self._stopped = True
 
