@@ -59,13 +59,12 @@ class _Compile:
 class GrammarCompiler:
     """One per tokenizer. submit() never raises and never blocks."""
 
-    def __init__(self, tokenizer, *, vocab_size: int, config: CompileSettings | None = None,
-                 vocab: TokenVocab | None = None):
+    def __init__(self, tokenizer, *, vocab_size: int, config: CompileSettings | None = None):
         from guided.fsm.backends.xgrammar_backend import XGrammarBackend
 
         config = config or CompileSettings()
         self.config = config
-        self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
+        self.vocab = TokenVocab.from_tokenizer(tokenizer, vocab_size=vocab_size)
         self._tokenizer = tokenizer  # llguidance builds its own from it (on first use)
         self._llguidance = None
         self._xgrammar = XGrammarBackend(self.vocab, config)

@@ -134,10 +134,9 @@ def shortest_texts(grammar: _Grammar) -> tuple[list[float], list[float]]:
     return value[:num_exprs], value[num_exprs:]
 
 
-def check_grammar_bounds(serialized: str, *, kind: str = "grammar",
-                         max_shortest_bytes: int = MAX_SHORTEST_BYTES) -> None:
+def check_grammar_bounds(serialized: str, *, kind: str = "grammar") -> None:
     """Raise ConstraintError where the grammar (serialize_json) matches no finite text, reaches
-    an expression that can never end, or one whose shortest text exceeds max_shortest_bytes."""
+    an expression that can never end, or one whose shortest text exceeds MAX_SHORTEST_BYTES."""
     grammar = _Grammar(json.loads(serialized))
     expr_min, rule_min = shortest_texts(grammar)
     if rule_min[grammar.root] == _INF:
@@ -153,10 +152,10 @@ def check_grammar_bounds(serialized: str, *, kind: str = "grammar",
         if value == _INF:
             raise ConstraintError(_dead_end(kind, grammar.rule_names[
                 _dead_rule(grammar, expr_id, rule, expr_min, rule_min)]))
-        if value > max_shortest_bytes:
+        if value > MAX_SHORTEST_BYTES:
             raise ConstraintError(
                 f"{_what(kind)} forces at least {int(value)} bytes of text in rule "
-                f"`{grammar.rule_names[rule]}`; the limit is {max_shortest_bytes}")
+                f"`{grammar.rule_names[rule]}`; the limit is {MAX_SHORTEST_BYTES}")
         sub, refs = grammar.children(expr_id)
         stack.extend((e, rule) for e in sub)
         for ref in refs:

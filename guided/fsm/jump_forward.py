@@ -34,7 +34,7 @@ class CachedEncoder:
 
     PROBES = ("hello world", ' {"key": "', "héllo — 日本語", "  x\n\ty", '"},{"', "12.5e-3")
 
-    def __init__(self, tokenizer, maxsize: int = 1 << 16):
+    def __init__(self, tokenizer):
         def slow(text: str) -> tuple[int, ...]:
             return tuple(tokenizer.encode(text, add_special_tokens=False))
 
@@ -43,7 +43,7 @@ class CachedEncoder:
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         use_fast = backend is not None and all(fast(p) == slow(p) for p in self.PROBES)
-        self._encode = functools.lru_cache(maxsize=maxsize)(fast if use_fast else slow)
+        self._encode = functools.lru_cache(maxsize=1 << 16)(fast if use_fast else slow)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._encode(text))

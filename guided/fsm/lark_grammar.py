@@ -21,7 +21,7 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_]\w*)
   | (?P<number>\d+)
   | (?P<op>[()\[\]|?*+~,{}])
-""", re.X)
+""", re.VERBOSE)
 # lark's common.lark terminals people %import, as EBNF
 _COMMON = {
     "DIGIT": "[0-9]", "HEXDIGIT": "[a-fA-F0-9]", "INT": "[0-9]+",

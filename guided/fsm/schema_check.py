@@ -16,8 +16,16 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
-from guided.fsm.schema_arrays import rewrite_contains, rewrite_unique_items
 from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
+from guided.fsm.schema_keywords import (
+    bounded_multiples,
+    if_union,
+    negation_union,
+    rewrite_contains,
+    rewrite_multiple_of,
+    rewrite_not,
+    rewrite_unique_items,
+)
 from guided.fsm.schema_merge import (
     ANNOTATIONS,
     SchemaCombiner,
@@ -29,8 +37,6 @@ from guided.fsm.schema_merge import (
     validation_keys,
     where,
 )
-from guided.fsm.schema_not import if_union, negation_union, rewrite_not
-from guided.fsm.schema_numbers import bounded_multiples, rewrite_multiple_of
 from guided.fsm.schema_objects import (
     check_min_properties,
     rewrite_pattern_properties,

@@ -194,7 +194,7 @@ def bounded_pattern(pattern: str, min_length: int, max_length: int | None, point
         span = str(least) if least == most else f"{least},{'' if most == math.inf else most}"
         atom = pieces[i][0]
         if most != math.inf and most > MAX_PATTERN_LENGTH and re.fullmatch(atom, "\\"):
-            # a long count is compiled as a character budget (char_budgets.py), which lets a
+            # a long count is compiled as a character budget (grammar_text.py), which lets a
             # class that admits a backslash write it raw (invalid JSON): such classes lose it
             atom = _without_escapes(atom, keyword, pointer)
         pieces[i] = (atom, f"{{{span}}}")

@@ -129,9 +129,9 @@ class SchemaCombiner:
             if xa is not None and xb is not None and not (xa & xb):
                 return True
         for x, y in ((a, b), (b, a)):
-            if y.get("additionalProperties") is False:
-                if set(x.get("required", [])) - set(y.get("properties", {})):
-                    return True
+            if y.get("additionalProperties") is False and (
+                    set(x.get("required", [])) - set(y.get("properties", {}))):
+                return True
         return False
 
     def known_values(self, node: Any, pointer: str, depth: int = 0) -> set[str] | None:

@@ -119,7 +119,7 @@ def rewrite_property_names(node: dict, pointer: str, validator) -> None:
         if (props is None or name not in props) and not check.is_valid(name):
             raise ConstraintError(f"required property {name!r} at {where(pointer)} is not a "
                                   f"name propertyNames admits")
-    extra = node.get("additionalProperties", True if not props else False)
+    extra = node.get("additionalProperties", not props)
     if extra is False:
         return  # no undeclared key is generated
     keys = _undeclared_keys(names, check, props or {}, extra, at)

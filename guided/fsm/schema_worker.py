@@ -1,7 +1,7 @@
 """Worker processes that check JSON schemas: the one stage of a compile that holds the GIL
 (~7 ms a schema, which the step loop needs every few microseconds); the asking compile thread
 waits on a pipe instead. A worker is `python -m guided.fsm.schema_worker` (not multiprocessing's
-spawn, which re-imports the caller's __main__) fed length-prefixed pickles; one that fails is
+spawn, which re-imports the caller's __main__) fed pickles on stdin; one that fails is
 replaced, its schema checked in the asking thread.
 """
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import logging
 import pickle
 import queue
-import struct
 import subprocess
 import sys
 import threading
@@ -19,7 +18,6 @@ from typing import BinaryIO
 from guided.errors import ConstraintError
 
 log = logging.getLogger(__name__)
-_HEADER = struct.Struct("<Q")
 
 
 def check(value: str) -> dict:
@@ -30,18 +28,8 @@ def check(value: str) -> dict:
 
 
 def _send(stream: BinaryIO, obj) -> None:
-    data = pickle.dumps(obj, protocol=5)
-    stream.write(_HEADER.pack(len(data)) + data)
+    pickle.dump(obj, stream, protocol=5)
     stream.flush()
-
-
-def _receive(stream: BinaryIO):
-    header = stream.read(_HEADER.size)
-    size = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else -1
-    data = stream.read(size) if size > 0 else b""
-    if len(data) != size:
-        raise EOFError("the worker closed its pipe")
-    return pickle.loads(data)
 
 
 class SchemaWorkers:
@@ -60,8 +48,8 @@ class SchemaWorkers:
             if worker is None or worker.poll() is not None:
                 worker = self._start()
             _send(worker.stdin, value)
-            kind, result = _receive(worker.stdout)
-        except (OSError, EOFError, RuntimeError) as e:
+            kind, result = pickle.load(worker.stdout)
+        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
             self._stop(worker)
             worker = None
             log.warning("a schema worker failed (%s): checking the schema in-process", e)
@@ -109,7 +97,7 @@ def main() -> None:
     os.nice(10)  # a compile's stage: beside the compile threads, below the step loop
     while True:
         try:
-            value = _receive(stdin)
+            value = pickle.load(stdin)
         except EOFError:
             return
         try:

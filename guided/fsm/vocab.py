@@ -1,4 +1,4 @@
-"""The tokenizer's vocabulary as raw bytes per token id: the one view every grammar backend shares."""
+"""The tokenizer's vocabulary as raw bytes per token id, as every grammar backend sees it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -63,10 +63,8 @@ class WatchdogPool:
     num_workers; an abandoned worker exits when its job ends, replaced if the pool is short."""
 
     def __init__(self, *, num_workers: int, timeout_s: float, nice: int = 0,
-                 idle: bool = False, name: str = "grammar-compile",
-                 max_wait_s: float | None = None):
+                 idle: bool = False, max_wait_s: float | None = None):
         self.num_workers = max(1, num_workers)
-        self.name = name  # its threads' (the server's stats log names the busiest)
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s  # None: queued jobs wait however long it takes
         self.nice = nice
@@ -157,7 +155,8 @@ class WatchdogPool:
     def _spawn(self) -> None:  # caller holds the lock (or is __init__)
         self._live += 1
         worker_id = next(self._ids)
-        threading.Thread(target=self._work, args=(worker_id,), name=f"{self.name}-{worker_id}",
+        # the server's stats log names the busiest threads
+        threading.Thread(target=self._work, args=(worker_id,), name=f"grammar-compile-{worker_id}",
                          daemon=True).start()
 
     def _work(self, worker_id: int) -> None:
@@ -184,7 +183,7 @@ class WatchdogPool:
                 result, error = fn(), None
             except ConstraintError as e:
                 result, error = None, e
-            except Exception as e:  # a backend bug must fail the request, never the engine
+            except Exception as e:  # noqa: BLE001 - a backend bug fails the request, not the engine
                 result, error = None, ConstraintError(f"{label} failed to compile: {e!r}")
             # outside the lock: the future's callbacks may take their owner's lock, which may
             # be held by a thread waiting for this one (submit)

@@ -10,12 +10,11 @@ import torch
 import xgrammar as xgr
 
 from guided.errors import ConstraintError
-from guided.fsm.char_budgets import budget_long_repetitions
 from guided.fsm.grammar_bounds import check_grammar_bounds
+from guided.fsm.grammar_text import budget_long_repetitions, exact_utf8
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_check import fix_optional_groups
 from guided.fsm.settings import CompileSettings
-from guided.fsm.utf8_classes import exact_utf8
 from guided.fsm.vocab import TokenVocab
 
 
@@ -80,8 +79,7 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
         try:
             grammar = xgr.Grammar.from_ebnf(budgeted)
         except Exception as e:  # noqa: BLE001 - an unreadable rewrite: never served as is
-            raise ValueError(f"the grammar rewritten (utf8_classes, char_budgets) does not "
-                             f"parse: {e}") from None
+            raise ValueError(f"the grammar rewritten (grammar_text) does not parse: {e}") from None
     return grammar
 
 
@@ -89,7 +87,7 @@ def _checked(recipe: Recipe) -> xgr.Grammar:
     """The recipe's grammar; ConstraintError where it does not parse or fails its bounds."""
     try:
         grammar = grammar_of(recipe)
-    except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+    except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError / ValueError
         raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
     check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
     return grammar
@@ -150,16 +148,17 @@ class XGrammarBackend:
         grammar = _checked(recipe)
         try:
             return self.compiler.compile_grammar(grammar)
-        except Exception as e:  # xgrammar raises RuntimeError / ValueError with C++ context
+        except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError / ValueError
             raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled")
+    __slots__ = ("_eos", "_handle", "_matcher", "_num_tokens", "_stopped", "ban", "compiled",
+                 "xgrammar_matcher")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: TokenVocab, *,
                  ban: TokenBan | None = None):
-        self._matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
+        self._matcher = self.xgrammar_matcher = xgr.GrammarMatcher(compiled)  # unlimited rollback
         # the C++ matcher itself for the step loop's per-token calls, past the Python wrappers
         self._handle = self._matcher._handle
         self.compiled = compiled  # shared by the request's grammar
@@ -169,10 +168,6 @@ class XGrammarMatcher(Matcher):
         # whether a stop token was ever accepted: only then can it be terminated (each call into
         # xgrammar lets go of the GIL, which the mask threads then hold for a while)
         self._stopped = False
-
-    @property
-    def xgrammar_matcher(self) -> xgr.GrammarMatcher:
-        return self._matcher
 
     def accept_token(self, token_id: int) -> bool:
         # xgrammar's own accept answers False once terminated: no is_terminated call first
@@ -213,7 +208,7 @@ class XGrammarMatcher(Matcher):
             return b""
         try:
             return self._matcher.find_jump_forward_string().encode("utf-8", "surrogatepass")
-        except Exception:
+        except Exception:  # noqa: BLE001 - never raises, by the interface
             return b""
 
     def accept_bytes(self, data: bytes) -> bool:

@@ -1,9 +1,12 @@
-"""A grammar's character classes rewritten so that xgrammar admits valid UTF-8 only.
+"""Rewrites of xgrammar 0.2.8's printed grammar text, the language the same or stricter.
 
-xgrammar 0.2.8 admits non-UTF-8 bytes in two encodings of a class (random walks found both):
-a `Regex("...")` node's range that crosses a UTF-8 length boundary (overlong forms and
-surrogates pass), and an EBNF class holding U+D800-U+DFFF. So EBNF classes lose the surrogates,
-and a pattern's classes and `.` become one class per UTF-8 length, less the surrogates.
+- exact_utf8: xgrammar admits non-UTF-8 bytes in two encodings of a class (random walks found
+  both): a `Regex("...")` node's range that crosses a UTF-8 length boundary (overlong forms and
+  surrogates pass), and an EBNF class holding U+D800-U+DFFF. EBNF classes lose the surrogates;
+  a pattern's classes and `.` become one class per UTF-8 length, less the surrogates.
+- budget_long_repetitions: inside xgrammar's repeat state (counts past 128) every mask row walks
+  the vocabulary (mlc-ai/xgrammar#852); `c{m}` then a rule `c*` limited to n - m characters
+  (`[max_chars=...]`) is the same language, cheaply.
 """
 from __future__ import annotations
 
@@ -23,12 +26,24 @@ _SPACE = [(0x09, 0x0D), (0x20, 0x20)]
 _CATEGORIES = {sre.CATEGORY_DIGIT: (_DIGIT, False), sre.CATEGORY_NOT_DIGIT: (_DIGIT, True),
                sre.CATEGORY_WORD: (_WORD, False), sre.CATEGORY_NOT_WORD: (_WORD, True),
                sre.CATEGORY_SPACE: (_SPACE, False), sre.CATEGORY_NOT_SPACE: (_SPACE, True)}
+# a grammar's quoted literal (or a Regex node's pattern), and its character class
+_QUOTED = r'"(?:\\.|[^"\\])*"'
+_EBNF_CLASS = r"\[(?:\\.|[^\]\\])*\]"
 # over a grammar's text: a Regex node's pattern, a quoted literal (left alone), a class
-_GRAMMAR_PIECE = re.compile(r'Regex\((?P<pattern>"(?:\\.|[^"\\])*")|"(?:\\.|[^"\\])*"'
-                            r"|(?P<cls>\[(?:\\.|[^\]\\])*\])")
+_GRAMMAR_PIECE = re.compile(rf"Regex\((?P<pattern>{_QUOTED})|{_QUOTED}|(?P<cls>{_EBNF_CLASS})")
 # the escapes xgrammar prints in a quoted pattern
 _QUOTED_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
 _NAMED = {"0": "\0", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b": "\b"}
+# xgrammar unrolls counted repetitions up to this many; beyond it the costly counted form
+UNROLLED = 128
+# xgrammar's rule names may hold '-' and '.'
+_NAME = r"[\w.-]+"
+# a rule whose whole body is one character class, as xgrammar prints it: name ::= (([...]))
+_CLASS_RULE = re.compile(rf"^({_NAME}) ::= \(\(({_EBNF_CLASS})\)\)$", re.MULTILINE)
+# scanned left to right: a quoted literal or a class (which may hold a quote), passed over
+# whole; or a bounded repetition of a rule, name{m, n} (n = -1 is unbounded: left alone)
+_SCAN = re.compile(rf"(?P<opaque>{_QUOTED}|{_EBNF_CLASS})"
+                   rf"|(?<![\w.-])(?P<name>{_NAME})\{{(?P<low>\d+),\s*(?P<high>\d+)\}}")
 
 
 def exact_utf8(grammar: str) -> str:
@@ -61,6 +76,30 @@ def exact_pattern(pattern: str) -> str:
                 text = classes[0] if len(classes) == 1 else "(" + "|".join(classes) + ")"
         out.append(text)
     return "".join(out)
+
+
+def budget_long_repetitions(ebnf: str) -> str | None:
+    """The grammar text with each `c{m,n}` (c a one-class rule, n > UNROLLED >= m) spelled as
+    `c{m} budget`, budget being `c*` limited to n - m characters; None when nothing changes."""
+    classes = {name for name, _ in _CLASS_RULE.findall(ebnf)}
+    budgets: dict[str, str] = {}
+
+    def spell(match: re.Match) -> str:
+        if match.group("opaque"):
+            return match.group(0)
+        name, low, high = match.group("name"), int(match.group("low")), int(match.group("high"))
+        if name not in classes or high <= UNROLLED or low > UNROLLED:
+            return match.group(0)
+        budget = f"{name}_budget_{high - low}"
+        while re.search(rf"(?<![\w.-]){re.escape(budget)}(?![\w.-])", ebnf):
+            budget += "_"  # a name the grammar already uses
+        budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
+        return f"{name}{{{low}}} {budget}" if low else budget
+
+    text = _SCAN.sub(spell, ebnf)
+    if not budgets:
+        return None
+    return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"
 
 
 def _ebnf_class(text: str) -> str:
