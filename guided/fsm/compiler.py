@@ -181,8 +181,7 @@ class GrammarCompiler:
         elif spec.kind == "json_schema":  # a refusal raises ConstraintError
             schema = (check(spec.value) if self._schema_workers is None
                       else self._schema_workers.check(spec.value))
-            if (self.config.llguidance and self._tokenizer is not None
-                    and prefers_llguidance(schema)):
+            if self.config.llguidance and prefers_llguidance(schema):
                 served = self._llguidance_grammar(spec, schema, start)
                 if served is not None:
                     return served

@@ -1,8 +1,6 @@
-"""Lark grammars (vLLM's guided_grammar accepts them) converted to the EBNF we compile
-(xgrammar's GBNF dialect: `root ::= ...`). The subset people write is converted: rules and
-terminals, literals ("..." or '...'), /regex/, "a".."z" ranges, ( ) [ ] ? * + ~ n, aliases, and
-%import of common terminals. Anything else (%ignore, templates, flags) is refused with a message
-naming the dialect we take, never compiled into a different language."""
+"""Lark grammars (vLLM's guided_grammar takes them) converted to xgrammar's EBNF: rules and
+terminals, literals, /regex/, "a".."z", ( ) [ ] ? * + ~ n, aliases, %import of common terminals.
+Anything else (%ignore, templates, flags) is refused naming the dialect we take."""
 from __future__ import annotations
 
 import ast

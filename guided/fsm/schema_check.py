@@ -43,6 +43,7 @@ from guided.fsm.schema_objects import (
     rewrite_property_names,
     rewrite_unevaluated,
     split_dependencies,
+    undeclared_schema,
 )
 from guided.fsm.schema_refs import localize_refs, upgrade
 
@@ -238,11 +239,8 @@ class _Rewriter(SchemaCombiner):
         extra = node.get("additionalProperties", True)
         for name in node.get("required", []):
             if props is None or name not in props:
-                if extra is False:
-                    raise ConstraintError(f"required property {name!r} at {where(pointer)} is "
-                                          f"forbidden by additionalProperties false")
                 props = props if props is not None else {}
-                props[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+                props[name] = undeclared_schema(name, extra, pointer)
         if props is not None:
             rewritten = {}
             for name, sub in props.items():

@@ -147,13 +147,9 @@ _PIECE = re.compile(rf"({_CLASS}|\\.|\((?:\\.|{_CLASS}|[^()])*\)|[^|()])"
 
 
 def bounded_pattern(pattern: str, min_length: int, max_length: int | None, pointer: str) -> str:
-    """`pattern` with minLength / maxLength folded in: the intersection of the two languages.
-
-    The grammar matches a pattern whole (its edge anchors dropped), so the strings it admits
-    have the lengths of that whole match: bounds those lengths already meet are dropped; a
-    pattern whose pieces are all of fixed width but one repetition gets that repetition's
-    counts narrowed to the bounds (`^[a-z]+$`, maxLength 8 -> `^[a-z]{1,8}$`). Anything else
-    is refused, naming the keyword."""
+    """`pattern` with minLength / maxLength folded in (the grammar matches it whole): bounds its
+    whole matches meet are dropped; repetitions beside fixed-width pieces get their counts
+    narrowed (`^[a-z]+$`, maxLength 8 -> `^[a-z]{1,8}$`); anything else is refused."""
     keyword = "maxLength" if max_length is not None else "minLength"
     body = whole_match_body(pattern)
     head = "^" if pattern.startswith("^") else ""
@@ -238,9 +234,8 @@ def _counts(quantifier: str) -> tuple[int, float]:
 
 
 def _share_lengths(variable: list, need: float, room: float) -> list | None:
-    """Counts (least, most) for repetitions [(index, width, (least, most))] whose widths add up
-    to at least `need` and at most `room` characters: the minima raised in order until `need`
-    is met, then the rest of `room` shared out evenly (None: no counts fit)."""
+    """Counts (least, most) for repetitions [(index, width, (least, most))] adding up to `need`
+    ..`room` characters: minima raised in order, the rest of `room` shared (None: none fit)."""
     counts = [list(c) for _, _, c in variable]
     widths = [w for _, w, _ in variable]
     for k, width in enumerate(widths):

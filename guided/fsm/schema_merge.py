@@ -9,12 +9,11 @@ from typing import Any
 
 from guided.errors import ConstraintError
 
-# Annotations: no effect on validation.
+# no effect on validation
 ANNOTATIONS = frozenset({
     "title", "description", "examples", "example", "default", "$comment", "deprecated", "readOnly",
-    "writeOnly", "$schema", "$vocabulary",
-    "$anchor", "nullable", "discriminator", "xml", "externalDocs", "markdownDescription",
-})
+    "writeOnly", "$schema", "$vocabulary", "$anchor", "nullable", "discriminator", "xml",
+    "externalDocs", "markdownDescription"})
 
 
 class Unsatisfiable(ConstraintError):
@@ -36,7 +35,6 @@ class SchemaCombiner:
     def __init__(self, root: dict):
         self.root = root
 
-    # ---- references -------------------------------------------------------------------
     def resolve(self, ref: str, pointer: str) -> Any:
         if ref == "#":
             return self.root
@@ -58,15 +56,12 @@ class SchemaCombiner:
     def deref(self, node: Any, pointer: str) -> Any:
         """Follow a chain of pure references ({"$ref": ...} with annotations only)."""
         for _ in range(32):
-            if not (isinstance(node, dict) and "$ref" in node):
-                return node
-            if any(k not in ANNOTATIONS and k not in ("$ref", "$defs", "definitions", "$id")
-                   for k in node):
+            if not (isinstance(node, dict) and "$ref" in node) or validation_keys(
+                    node, exclude=("$ref",)):
                 return node
             node = self.resolve(node["$ref"], pointer)
         raise refuse("$ref", pointer, "reference chain too long or cyclic")
 
-    # ---- merging (allOf, $ref with siblings, union siblings) -----------------------------
     def merge(self, schemas: list, pointer: str, keyword: str) -> dict:
         out: dict = {}
         for schema in schemas:
@@ -82,13 +77,10 @@ class SchemaCombiner:
             elif "$ref" in schema:
                 schema = self.deref(schema, pointer)
             if "allOf" in schema:
-                inner = schema.pop("allOf")
-                schema = self.merge([schema, *inner], pointer, "allOf")
+                schema = self.merge([schema, *schema.pop("allOf")], pointer, "allOf")
             for key, value in schema.items():
-                if key not in out:
-                    out[key] = copy.deepcopy(value)
-                else:
-                    out[key] = _merge_value(key, out[key], value, pointer, keyword)
+                out[key] = (_merge_value(key, out[key], value, pointer, keyword) if key in out
+                            else copy.deepcopy(value))
         dicts = [self.deref(s, pointer) for s in schemas]
         dicts = [s for s in dicts if isinstance(s, dict)]
         for kw in ("unevaluatedProperties", "unevaluatedItems"):
@@ -254,9 +246,9 @@ def _merge_value(key: str, a: Any, b: Any, pointer: str, keyword: str) -> Any:
     if key in ("items", "additionalProperties", "contains", "propertyNames", "not"):
         return _merge_schemas(key, a, b)
     if key == "enum":  # jsonschema's equality: 1 == 1.0, not true
-        return [v for v in a if any(_same_value(v, w) for w in b)]
+        return [v for v in a if any(value_key(v) == value_key(w) for w in b)]
     if key == "const":
-        if not _same_value(a, b):
+        if value_key(a) != value_key(b):
             raise Unsatisfiable(f"the {keyword} at {where(pointer)} combines different consts")
         return a
     if key == "multipleOf" and all(isinstance(v, int) for v in (a, b)):
@@ -280,10 +272,6 @@ def _merge_schemas(key: str, a: Any, b: Any) -> Any:
     if b is True or b == {}:
         return a
     return {"allOf": [a, b]}
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    return value_key(a) == value_key(b)
 
 
 def value_key(value: Any) -> str:

@@ -59,13 +59,8 @@ def rewrite_pattern_properties(node: dict, pointer: str) -> None:
     required = node.get("required", [])
     for name in required:
         if name not in props:
-            if any(re.search(p, name) for p in patterns):
-                props[name] = {}
-            elif extra is False:
-                raise ConstraintError(f"required property {name!r} at {where(pointer)} is "
-                                      f"forbidden by additionalProperties false")
-            else:
-                props[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+            props[name] = ({} if any(re.search(p, name) for p in patterns)
+                           else undeclared_schema(name, extra, pointer))
     for name in list(props):
         original = props[name]
         matched = [patterns[p] for p in patterns if re.search(p, name)]
@@ -91,6 +86,14 @@ def rewrite_pattern_properties(node: dict, pointer: str) -> None:
         del node["patternProperties"]
 
 
+def undeclared_schema(name: str, extra: Any, pointer: str) -> Any:
+    """The schema of a required name no property declares: additionalProperties'."""
+    if extra is False:
+        raise ConstraintError(f"required property {name!r} at {where(pointer)} is forbidden by "
+                              f"additionalProperties false")
+    return copy.deepcopy(extra) if isinstance(extra, dict) else {}
+
+
 def rewrite_property_names(node: dict, pointer: str, validator) -> None:
     """Declared names propertyNames refuses are dropped (refused if required); undeclared keys
     get its pattern or enum."""
@@ -100,9 +103,6 @@ def rewrite_property_names(node: dict, pointer: str, validator) -> None:
     at = f"{pointer}/propertyNames"
     if names is False:
         raise refuse("propertyNames", pointer, "propertyNames `false` is not supported")
-    if "patternProperties" in node:
-        raise refuse("propertyNames", pointer, "propertyNames beside patternProperties is not "
-                                               "supported")
     names = {k: v for k, v in names.items() if k not in ANNOTATIONS}
     if names.get("type") == "string":
         names.pop("type")

@@ -6,7 +6,6 @@ queued sheddable jobs that would not start within it are cancelled rather than l
 (an offline batch's are submitted not sheddable)."""
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import math
@@ -73,9 +72,8 @@ class WatchdogPool:
         # queued: (future, fn, label, on_overdue, sheddable)
         self._jobs: list[tuple[Future, Callable[[], Any], str, Callable[[], None] | None,
                                bool]] = []
-        self._deadlines: list[tuple[float, int, int]] = []  # heap: (deadline, job id, worker id)
-        # worker id -> its current job: (future, label, job id, on_overdue, start time)
-        self._running: dict[int, tuple[Future, str, int, Callable[[], None] | None, float]] = {}
+        # worker id -> its current job: (future, label, on_overdue, start time)
+        self._running: dict[int, tuple[Future, str, Callable[[], None] | None, float]] = {}
         self._tids: dict[int, int] = {}  # worker id -> its thread's native id
         self._abandoned: set[int] = set()
         self._mean_s: float | None = None  # how long a job holds a worker, moving average
@@ -112,7 +110,7 @@ class WatchdogPool:
         median so far where longer: a storm's first compiles show it before any ends)."""
         if self.max_wait_s is None:
             return math.inf
-        elapsed = [now - job[4] for w, job in self._running.items() if w not in self._abandoned]
+        elapsed = [now - started for started in self._starts()]
         typical = min(self.timeout_s, max(self._mean_s or 0.0,
                                           statistics.median(elapsed) if elapsed else 0.0))
         if typical <= 0:  # nothing measured yet
@@ -174,10 +172,8 @@ class WatchdogPool:
                 future, fn, label, on_overdue, _ = self._jobs.pop(0)
                 if not future.set_running_or_notify_cancel():
                     continue
-                job_id = next(self._ids)
                 started = time.monotonic()
-                self._running[worker_id] = (future, label, job_id, on_overdue, started)
-                heapq.heappush(self._deadlines, (started + self.timeout_s, job_id, worker_id))
+                self._running[worker_id] = (future, label, on_overdue, started)
                 self._cond.notify_all()  # wake the watchdog for the new deadline
             try:
                 result, error = fn(), None
@@ -211,11 +207,9 @@ class WatchdogPool:
                 if self._closed:
                     return
                 now = time.monotonic()
-                while self._deadlines and self._deadlines[0][0] <= now:
-                    _, job_id, worker_id = heapq.heappop(self._deadlines)
-                    overdue.extend(self._expire(worker_id, job_id))
-                while self._deadlines and not self._is_running(*self._deadlines[0][1:]):
-                    heapq.heappop(self._deadlines)  # finished in time
+                for worker_id, job in list(self._running.items()):
+                    if worker_id not in self._abandoned and now - job[3] >= self.timeout_s:
+                        overdue.append(self._expire(worker_id))
                 excess = len(self._jobs) - self._start_limit(now)
                 for i in range(len(self._jobs) - 1, -1, -1):  # the newest go: the first come
                     if excess <= 0:  # keep their turn
@@ -224,7 +218,8 @@ class WatchdogPool:
                         shed.append(self._jobs.pop(i)[0])
                         excess -= 1
                 if not overdue:
-                    wait = self._deadlines[0][0] - now if self._deadlines else None
+                    starts = self._starts()
+                    wait = min(starts) + self.timeout_s - now if starts else None
                     if self._jobs and self.max_wait_s is not None:
                         wait = min(wait or _SHED_EVERY_S, _SHED_EVERY_S)
                     self._cond.wait(timeout=wait)
@@ -236,23 +231,21 @@ class WatchdogPool:
                 except Exception:
                     log.exception("a job's overdue callback failed")
 
-    def _is_running(self, job_id: int, worker_id: int) -> bool:
-        running = self._running.get(worker_id)
-        return running is not None and running[2] == job_id
+    def _starts(self) -> list[float]:  # caller holds the lock
+        """When the live workers' running jobs started."""
+        return [job[3] for w, job in self._running.items() if w not in self._abandoned]
 
-    def _expire(self, worker_id: int, job_id: int) -> list[Callable[[], None]]:
+    def _expire(self, worker_id: int) -> Callable[[], None]:
         """(lock held) What to call outside the lock for an overdue job: its overdue callback,
         else its future's failure."""
-        if not self._is_running(job_id, worker_id) or worker_id in self._abandoned:
-            return []
-        future, label, _, on_overdue, _ = self._running[worker_id]
+        future, label, on_overdue, _ = self._running[worker_id]
         self._observe(self.timeout_s)  # it held its worker that long
         self._abandon(worker_id)
         if on_overdue is not None:
-            return [on_overdue]
+            return on_overdue
         error = ConstraintError(
             f"{label} compile timed out after {self.timeout_s:g} s (compile_timeout_s)")
-        return [lambda: settle(future, error=error)]
+        return lambda: settle(future, error=error)
 
     def _abandon(self, worker_id: int) -> None:  # caller holds the lock
         self._abandoned.add(worker_id)
