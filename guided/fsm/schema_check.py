@@ -120,14 +120,14 @@ class _Rewriter(SchemaCombiner):
         if "enum" in node or "const" in node:
             return self._rewrite_enum(node, pointer)
         if "$ref" in node:
-            self.deref(self.resolve(node["$ref"], pointer), pointer)  # remote/dangling: refuse
-        if "$ref" in node and validation_keys(node, exclude=("$ref",)):
-            target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
-            return self.rewrite(self.merge([target, node], pointer, "$ref"), pointer)
-        if "$ref" in node and not _REWRITTEN_REF.match(node["$ref"]):
-            # a target outside the walk would reach xgrammar unrewritten: inline its rewrite
-            target = copy.deepcopy(self.deref(self.resolve(node.pop("$ref"), pointer), pointer))
-            return self.rewrite(target, pointer)
+            target = self.deref(self.resolve(node["$ref"], pointer), pointer)  # remote: refused
+            if validation_keys(node, exclude=("$ref",)):
+                del node["$ref"]
+                return self.rewrite(self.merge([copy.deepcopy(target), node], pointer, "$ref"),
+                                    pointer)
+            if not _REWRITTEN_REF.match(node["$ref"]):
+                # a target outside the walk would reach xgrammar unrewritten: inline its rewrite
+                return self.rewrite(copy.deepcopy(target), pointer)
         if "allOf" in node:
             branches = node.pop("allOf")
             return self.rewrite(self.merge([node, *branches], pointer, "allOf"), pointer)

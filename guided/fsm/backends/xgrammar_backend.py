@@ -180,11 +180,6 @@ class XGrammarMatcher(Matcher):
             self._stopped = True
         return accepted
 
-    def note_accepted(self, token_id: int) -> None:
-        """token_id was accepted on the xgrammar matcher itself (a batched accept)."""
-        if token_id in self._eos:
-            self._stopped = True
-
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self.is_terminated():
             bitmask[row].zero_()
