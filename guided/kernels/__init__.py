@@ -1,4 +1,4 @@
-"""Triton kernels, each beside its torch reference (<op>_ref.py), which the CPU runs."""
+"""Triton kernels, each beside its torch reference (<op>_ref), which the CPU runs."""
 from __future__ import annotations
 
 import os

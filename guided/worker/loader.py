@@ -15,13 +15,7 @@ from pathlib import Path
 import torch
 
 from guided.worker.model_config import ModelConfig, synthetic_config
-from guided.worker.models.weights import (
-    MissingWeight,
-    Piece,
-    RandomWeights,
-    WeightReader,
-    check_shape,
-)
+from guided.worker.models import weights as w
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +153,12 @@ class SafetensorsReader:
             handle = safe_open(str(f), framework="pt")
             self._file_of.update(dict.fromkeys(handle.keys(), handle))
 
-    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
+    def read_into(self, piece: w.Piece, out: torch.Tensor) -> None:
         handle = self._file_of.get(piece.name)
         if handle is None:
-            raise MissingWeight(piece.name)
+            raise w.MissingWeight(piece.name)
         part = handle.get_slice(piece.name)
-        check_shape(piece, tuple(part.get_shape()))
+        w.check_shape(piece, tuple(part.get_shape()))
         if piece.dim is None:
             out.copy_(part[:])
         elif piece.dim == 0:
@@ -173,12 +167,12 @@ class SafetensorsReader:
             out.copy_(part[:, piece.start:piece.stop])
 
 
-def weight_reader(model: str, seed: int = 0) -> WeightReader:
+def weight_reader(model: str, seed: int = 0) -> w.WeightReader:
     """Where a rank reads its slices of `model` from: a directory's safetensors (the default
     model's converted once, whole), a .gguf itself unless a whole-model start converted it, or
     random numbers on the rank's device for synthetic shapes."""
     if model.startswith("synthetic:"):
-        return RandomWeights(seed)
+        return w.RandomWeights(seed)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         converted = resolve_model_dir(model, need_weights=False)
@@ -188,11 +182,11 @@ def weight_reader(model: str, seed: int = 0) -> WeightReader:
     return SafetensorsReader(resolve_model_dir(model))
 
 
-def _unpermute_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+def _unpermute_rope(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """llama.cpp's q/k rows, interleaved per head for its rope -> HF's half-split layout."""
-    out_dim = w.shape[0]
-    return (w.reshape(num_heads, out_dim // num_heads // 2, 2, *w.shape[1:])
-            .transpose(1, 2).reshape(w.shape))
+    out_dim = x.shape[0]
+    return (x.reshape(num_heads, out_dim // num_heads // 2, 2, *x.shape[1:])
+            .transpose(1, 2).reshape(x.shape))
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -245,7 +239,7 @@ def read_gguf_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     for name, t in reader.tensors.items():
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[name] = torch.empty(shape)
-        reader.read_into(Piece(name, shape), tensors[name])
+        reader.read_into(w.Piece(name, shape), tensors[name])
     return reader.config, tensors
 
 
@@ -261,14 +255,14 @@ class GgufReader:
         self._arch = self._reader.fields["general.architecture"].contents()
         self.tensors = {hf_name(t.name): t for t in self._reader.tensors if hf_name(t.name)}
 
-    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
+    def read_into(self, piece: w.Piece, out: torch.Tensor) -> None:
         from gguf.quants import dequantize
 
         t = self.tensors.get(piece.name)
         if t is None:
-            raise MissingWeight(piece.name)
+            raise w.MissingWeight(piece.name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        check_shape(piece, shape)
+        w.check_shape(piece, shape)
         if len(shape) == 1:
             out.copy_(torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
             return

@@ -1,7 +1,12 @@
 """The architecture numbers of a llama-family model, read from config.json or GGUF metadata."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+
+# ModelConfig's names for config.json's keys, where they differ
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +52,12 @@ class ModelConfig:
         )
 
     def to_hf(self) -> dict:
-        arch = "Qwen2ForCausalLM" if self.attention_bias else "LlamaForCausalLM"
-        return {
-            "architectures": [arch],
-            "model_type": "qwen2" if self.attention_bias else "llama",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling,
-            "rms_norm_eps": self.rms_norm_eps,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": self.attention_bias,
-            "torch_dtype": "float32",
-        }
+        qwen = self.attention_bias
+        return {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+                "model_type": "qwen2" if qwen else "llama", "hidden_act": "silu",
+                "torch_dtype": "float32",
+                **{_HF_KEYS.get(f.name, f.name): getattr(self, f.name)
+                   for f in fields(self) if f.name != "name"}}
 
 
 # Real shapes for synthetic models (random weights): speed and memory at scale, not quality.

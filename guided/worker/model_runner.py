@@ -31,12 +31,6 @@ def resolve_device(config: EngineConfig) -> torch.device:
     return torch.device(config.device)
 
 
-def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
-    if config.dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return getattr(torch, config.dtype)
-
-
 @dataclass(slots=True)
 class StepInputs:
     input_ids: torch.Tensor  # (T,)
@@ -62,7 +56,8 @@ class ModelRunner:
         self.device = resolve_device(config)
         if ctx.world_size > 1:
             self.device = rank_device(self.device.type)
-        self.dtype = resolve_dtype(config, self.device)
+        self.dtype = (getattr(torch, config.dtype) if config.dtype != "auto"
+                      else torch.float32 if self.device.type == "cpu" else torch.bfloat16)
         self.vocab_size = vocab_size  # the tokenizer's: logits columns past it are never sampled
         self.block_size = config.block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
@@ -229,9 +224,6 @@ class ModelRunner:
     def forget(self) -> None:
         self._launched = self._last_sampled = None
 
-    def shutdown(self) -> None:
-        """Nothing to stop: the runner holds memory only."""
-
 
 def make_executor(config: EngineConfig, model_config: ModelConfig, *, vocab_size: int,
                   step_times: StepTimes):
@@ -267,4 +259,4 @@ class LocalExecutor:
         self.runner.forget()
 
     def shutdown(self) -> None:
-        self.runner.shutdown()
+        """Nothing to stop: the runner holds memory only."""

@@ -286,15 +286,12 @@ class MultiprocExecutor:
             self._error = WorkerDied(f"tensor-parallel worker lost: {why}; the engine cannot "
                                      "run further steps (restart it)")
             log.error("%s", self._error)
-            self._kill_all()
+            for handle in self.ranks:
+                if handle.process.poll() is None:
+                    handle.process.kill()
+            for handle in self.ranks:
+                handle.process.wait()
         raise self._error
-
-    def _kill_all(self) -> None:
-        for handle in self.ranks:
-            if handle.process.poll() is None:
-                handle.process.kill()
-        for handle in self.ranks:
-            handle.process.wait()
 
     def shutdown(self) -> None:
         """Stop, then SIGKILL whoever is left after STOP_GRACE_S; reap; free shared memory."""

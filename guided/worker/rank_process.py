@@ -17,20 +17,9 @@ import threading
 from multiprocessing.connection import Connection
 
 from guided.worker import loader
+from guided.worker import multiproc as mp
 from guided.worker.model_runner import LocalExecutor, ModelRunner, resolve_device
 from guided.worker.models.parallel import destroy_distributed, init_distributed, rank_device
-from guided.worker.multiproc import (
-    Failed,
-    Forget,
-    Launch,
-    Ready,
-    Sample,
-    Sampled,
-    Stop,
-    WorkerSpec,
-    decode,
-    encode,
-)
 from guided.worker.shared_bitmasks import MaskReader
 from guided.worker.step_io import StepMasks
 
@@ -51,7 +40,7 @@ def die_with_parent() -> None:
 
 
 class RankWorker:
-    def __init__(self, spec: WorkerSpec, conn: Connection):
+    def __init__(self, spec: mp.WorkerSpec, conn: Connection):
         self.spec = spec
         self.conn = conn
         self._send_lock = threading.Lock()
@@ -71,28 +60,28 @@ class RankWorker:
 
     def send(self, message) -> None:
         with self._send_lock:
-            self.conn.send_bytes(encode(message))
+            self.conn.send_bytes(mp.encode(message))
 
-    def ready(self) -> Ready:
+    def ready(self) -> mp.Ready:
         local = LocalExecutor(self.runner)
-        return Ready(self.spec.rank, local.num_blocks, local.max_model_len,
-                     local.max_draft_tokens, local.device, local.dtype)
+        return mp.Ready(self.spec.rank, local.num_blocks, local.max_model_len,
+                        local.max_draft_tokens, local.device, local.dtype)
 
     def serve(self) -> None:
         while True:
-            message = decode(self.conn.recv_bytes())
-            if isinstance(message, Launch):
+            message = mp.decode(self.conn.recv_bytes())
+            if isinstance(message, mp.Launch):
                 self.runner.launch(message.out)
-            elif isinstance(message, Sample):
+            elif isinstance(message, mp.Sample):
                 self._sample(message)
-            elif isinstance(message, Forget):
+            elif isinstance(message, mp.Forget):
                 self.runner.forget()
-            elif isinstance(message, Stop):
+            elif isinstance(message, mp.Stop):
                 return
             else:
                 raise TypeError(f"unexpected message {type(message).__name__}")
 
-    def _sample(self, message: Sample) -> None:
+    def _sample(self, message: mp.Sample) -> None:
         masks = None
         slot = message.masks
         if slot is not None:
@@ -105,7 +94,7 @@ class RankWorker:
         if self.spec.rank != 0:
             return
         if self._outbox is None:
-            self.send(Sampled(message.step, sampled.result()))
+            self.send(mp.Sampled(message.step, sampled.result()))
         else:
             self._outbox.put((message.step, sampled))
 
@@ -113,14 +102,14 @@ class RankWorker:
         while True:
             step, sampled = self._outbox.get()
             try:
-                self.send(Sampled(step, sampled.result()))
+                self.send(mp.Sampled(step, sampled.result()))
             except BaseException as e:  # noqa: BLE001 - reported, then the process ends
                 self.fail(e)
 
     def fail(self, error: BaseException) -> None:
         log.exception("rank %d failed", self.spec.rank)
         try:
-            self.send(Failed(self.spec.rank, f"{type(error).__name__}: {error}"))
+            self.send(mp.Failed(self.spec.rank, f"{type(error).__name__}: {error}"))
         except OSError:
             pass
         os._exit(1)  # threads and the process group left as they are: the engine reaps us
@@ -135,7 +124,7 @@ def main(fd: int) -> None:
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: where a rank hangs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine stops the ranks (Stop, or kill)
     conn = Connection(fd)
-    spec: WorkerSpec = decode(conn.recv_bytes())
+    spec: mp.WorkerSpec = mp.decode(conn.recv_bytes())
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s %(levelname)s rank{spec.rank} %(name)s: %(message)s")
     worker = None
@@ -148,7 +137,7 @@ def main(fd: int) -> None:
     except BaseException as e:
         if worker is None:
             log.exception("rank %d failed to start", spec.rank)
-            conn.send_bytes(encode(Failed(spec.rank, f"{type(e).__name__}: {e}")))
+            conn.send_bytes(mp.encode(mp.Failed(spec.rank, f"{type(e).__name__}: {e}")))
             os._exit(1)
         worker.fail(e)
     worker.close()

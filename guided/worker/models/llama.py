@@ -12,15 +12,7 @@ from torch import nn
 
 from guided.kernels.attention import paged_attention, paged_attention_ref, write_kv_ref
 from guided.worker.model_config import ModelConfig
-from guided.worker.models.parallel import (
-    SINGLE,
-    ParallelContext,
-    ShardLayout,
-    gather_logits,
-    row_parallel_linear,
-    shard_layout,
-    vocab_embedding,
-)
+from guided.worker.models import parallel as tp
 from guided.worker.models.weights import Piece, WeightReader, load_pieces
 
 # The elementwise pieces as pure functions: CUDA graphs run them through torch.compile (one
@@ -121,7 +113,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """This rank's heads: qkv column-parallel (one fused GEMM), o row-parallel."""
 
-    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
+    def __init__(self, cfg: ModelConfig, layout: tp.ShardLayout, ctx: tp.ParallelContext):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             len(layout.q_heads), len(layout.kv_heads), cfg.head_dim)
@@ -130,7 +122,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
-        self.o_proj = row_parallel_linear(self.q_size, cfg.hidden_size, ctx)
+        self.o_proj = tp.row_parallel_linear(self.q_size, cfg.hidden_size, ctx)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 kv_cache: KVCache, meta: AttentionMetadata, ops) -> torch.Tensor:
@@ -151,18 +143,18 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """This rank's intermediate columns: gate_up column-parallel, down row-parallel."""
 
-    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
+    def __init__(self, cfg: ModelConfig, layout: tp.ShardLayout, ctx: tp.ParallelContext):
         super().__init__()
         width = len(layout.intermediate)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * width, bias=False)  # [gate; up]
-        self.down_proj = row_parallel_linear(width, cfg.hidden_size, ctx)
+        self.down_proj = tp.row_parallel_linear(width, cfg.hidden_size, ctx)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layout: ShardLayout, ctx: ParallelContext):
+    def __init__(self, cfg: ModelConfig, layout: tp.ShardLayout, ctx: tp.ParallelContext):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layout, ctx)
@@ -181,12 +173,12 @@ class LlamaForCausalLM(nn.Module):
     """The whole model (ctx SINGLE), or rank ctx.rank's shard of it: the hidden states and the
     logits are whole on every rank either way."""
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE):
+    def __init__(self, cfg: ModelConfig, ctx: tp.ParallelContext = tp.SINGLE):
         super().__init__()
         self.config = cfg
         self.ctx = ctx
-        self.layout = shard_layout(cfg, ctx.rank, ctx.world_size)
-        self.embed_tokens = vocab_embedding(self.layout, cfg.hidden_size, ctx)
+        self.layout = tp.shard_layout(cfg, ctx.rank, ctx.world_size)
+        self.embed_tokens = tp.vocab_embedding(self.layout, cfg.hidden_size, ctx)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.layout, ctx)
                                     for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -219,10 +211,10 @@ class LlamaForCausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self.ctx.world_size == 1:
             return F.linear(hidden, weight)  # (N, V)
-        return gather_logits(hidden, weight, self.config.vocab_size, self.ctx)
+        return tp.gather_logits(hidden, weight, self.config.vocab_size, self.ctx)
 
 
-def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece]]:
+def weight_pieces(cfg: ModelConfig, layout: tp.ShardLayout) -> dict[str, list[Piece]]:
     """Our parameter name -> its HF checkpoint slices for this rank: q/k/v and gate/up fused
     along the output rows, o and down sliced along the input columns."""
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -257,7 +249,7 @@ def weight_pieces(cfg: ModelConfig, layout: ShardLayout) -> dict[str, list[Piece
 
 
 def build_model(cfg: ModelConfig, reader: WeightReader, *, device: torch.device,
-                dtype: torch.dtype, ctx: ParallelContext = SINGLE) -> LlamaForCausalLM:
+                dtype: torch.dtype, ctx: tp.ParallelContext = tp.SINGLE) -> LlamaForCausalLM:
     """Rank ctx.rank's shard on device, its parameters allocated once in dtype and filled from
     reader. Every rank runs forward() on the same inputs in the same order: the collectives
     pair up by order."""

@@ -44,7 +44,9 @@ class ParallelContext:
         return out.view(self.world_size, *x.shape)
 
     def all_min(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=_collective_device(self))
+        # NCCL moves device tensors only; gloo host tensors
+        device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
+        t = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
@@ -94,13 +96,6 @@ def destroy_distributed(ctx: ParallelContext) -> None:
     if ctx.world_size > 1 and dist.is_initialized():
         dist.barrier(group=ctx.group)
         dist.destroy_process_group()
-
-
-def _collective_device(ctx: ParallelContext) -> torch.device:
-    # NCCL moves device tensors only; gloo host tensors
-    if dist.get_backend(ctx.group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def split_range(size: int, rank: int, world_size: int) -> range:

@@ -36,21 +36,6 @@ class WeightReader(Protocol):
         """Copy the piece into out (its slice_shape; any dtype and device)."""
 
 
-class StateDictReader:
-    """Pieces of an in-memory HF state dict."""
-
-    def __init__(self, state: dict[str, torch.Tensor]):
-        self.state = state
-
-    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
-        if piece.name not in self.state:
-            raise MissingWeight(piece.name)
-        t = self.state[piece.name]
-        check_shape(piece, tuple(t.shape))
-        out.copy_(t if piece.dim is None else t.narrow(piece.dim, piece.start,
-                                                          piece.stop - piece.start))
-
-
 class RandomWeights:
     """Synthetic weights generated where they live: unit norms, zero biases, N(0, 0.02)
     elsewhere, seeded per piece, so ranks holding the same slice hold the same numbers."""

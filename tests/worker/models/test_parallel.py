@@ -21,10 +21,25 @@ from guided.worker.models.parallel import (
     shard_layout,
     split_range,
 )
-from guided.worker.models.weights import StateDictReader
+from guided.worker.models.weights import MissingWeight, Piece, check_shape
 
 HIDDEN, IN_FEATURES, TOKENS = 48, 70, 7
 VOCAB = 101  # odd: the last rank's vocab slice is short and padded
+
+
+class StateDictReader:
+    """Pieces of an in-memory HF state dict."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self.state = state
+
+    def read_into(self, piece: Piece, out: torch.Tensor) -> None:
+        if piece.name not in self.state:
+            raise MissingWeight(piece.name)
+        t = self.state[piece.name]
+        check_shape(piece, tuple(t.shape))
+        out.copy_(t if piece.dim is None else t.narrow(piece.dim, piece.start,
+                                                          piece.stop - piece.start))
 
 
 def small_config(**changes) -> ModelConfig:
