@@ -69,7 +69,7 @@ class AnchorPayoff:
         self.probing = self.rng.random() * self.probe_every < 1
 
     def allows(self, num_running: int = 1) -> bool:
-        if policy.anchoring_pays(self.mean_gain, min_gain=self.min_gain):
+        if self.mean_gain >= self.min_gain:
             return True
         self.num_asked += 1
         return self.probing and self.rng.random() * num_running < self.probes_per_step
@@ -113,8 +113,8 @@ class DraftProposer:
         if inflight is not None and not (self.overlap and state.anchored_skip) \
                 and not self.payoff.allows(num_running):
             return None  # anchored drafts do not pay now
-        lookup_tokens = (LOOKUP_DRAFT_TOKENS if policy.drafts_lookup(
-            num_running, max_batch=LOOKUP_MAX_BATCH) and self._lookup_ready(request) else 0)
+        lookup_tokens = (LOOKUP_DRAFT_TOKENS if num_running <= LOOKUP_MAX_BATCH
+                         and self._lookup_ready(request) else 0)
         if self.overlap and state.anchored_skip:
             state.anchored_skip -= 1
             return None

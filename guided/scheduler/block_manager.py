@@ -15,10 +15,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
-def block_key(parent_key: int | None, token_ids: tuple[int, ...] | list[int]) -> int:
-    return hash((parent_key, tuple(token_ids)))
-
-
 @dataclass(slots=True)
 class Block:
     block_id: int
@@ -60,7 +56,7 @@ class BlockManager:
         bs = self.block_size
         for start in range(0, max_tokens - bs + 1, bs):
             chunk = tuple(token_ids[start:start + bs])
-            key = block_key(key, chunk)
+            key = hash((key, chunk))
             block_id = self.cached.get(key)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
                 break
@@ -77,7 +73,7 @@ class BlockManager:
         for i in range(num_cached, num_full):
             block = self.blocks[block_ids[i]]
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            key = block_key(key, chunk)
+            key = hash((key, chunk))
             if block.key is None:
                 block.key, block.token_ids = key, chunk
                 self.cached.setdefault(key, block.block_id)
@@ -114,9 +110,6 @@ class BlockManager:
             if block.ref_count < 0:
                 raise RuntimeError(f"block {block_id} freed twice")
             if block.ref_count == 0:
-                if block.key is None:
-                    # nothing cached in it: reuse it first, before any cached block
-                    self.free_queue[block_id] = None
+                self.free_queue[block_id] = None
+                if block.key is None:  # nothing cached in it: reuse it before any cached block
                     self.free_queue.move_to_end(block_id, last=False)
-                else:
-                    self.free_queue[block_id] = None

@@ -1,6 +1,5 @@
-"""A step as plain data: what a worker needs to run it (token ids, positions, KV slots, block
-tables, per-row sampling values, which rows are constrained), and nothing live. It crosses a
-process boundary as it is; the engine keeps the StepPlan it came from to read the results.
+"""A step as plain data: what a worker needs to run it, and nothing live. It crosses a process
+boundary as it is; the engine keeps the StepPlan it came from to read the results.
 
     StepPlan (live requests)  --build_output-->  SchedulerOutput  --> worker(s)
          ^                                                              |
@@ -34,10 +33,6 @@ class SchedulerOutput:
     # samples in its row placeholder_row[i] (not yet known on the host)
     placeholder_index: list[int] = field(default_factory=list)
     placeholder_row: list[int] = field(default_factory=list)
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.logits_indices)
 
     @property
     def query_lens(self) -> list[int]:

@@ -8,14 +8,6 @@ from collections.abc import Sequence
 ADMISSION_LOOKAHEAD_TOKENS = 1024
 
 
-def num_tokens_to_schedule(num_pending: int, token_budget: int, *, chunked_prefill: bool = True
-                           ) -> int:
-    """How many of a request's pending tokens fit this step (0: wait for the next)."""
-    if num_pending <= token_budget:
-        return num_pending
-    return token_budget if chunked_prefill else 0
-
-
 def peak_blocks(current_tokens: Sequence[int], remaining_tokens: Sequence[int],
                 block_size: int) -> int:
     """LightLLM's estimate of the peak KV blocks a set of running requests will hold.
@@ -44,10 +36,8 @@ def can_admit(*, prompt_blocks_needed: int, num_free_blocks: int, num_total_bloc
               new_current: int, new_remaining: int, block_size: int,
               watermark_blocks: int) -> bool:
     """Admit a waiting request only if its prompt fits now and the estimated peak of the running
-    set with it fits the cache: admitting what must later be preempted is thrashing.
-
-    With nothing running the request is always admitted if its prompt fits, so progress is
-    guaranteed; the estimate is capped by each request's remaining budget.
+    set with it fits the cache: admitting what must later be preempted is thrashing. With
+    nothing running a request whose prompt fits is always admitted, so progress is guaranteed.
     """
     if prompt_blocks_needed > num_free_blocks:
         return False
@@ -60,52 +50,23 @@ def can_admit(*, prompt_blocks_needed: int, num_free_blocks: int, num_total_bloc
     return peak <= num_total_blocks
 
 
-def pick_preemption_victim(arrival_order: Sequence[int]) -> int:
-    """Index of the request to preempt: the latest arrival (it has the least work to redo and
-    the earliest requests keep their latency)."""
-    if not arrival_order:
-        raise ValueError("nothing to preempt")
-    return max(range(len(arrival_order)), key=lambda i: arrival_order[i])
-
-
 def expected_remaining(max_tokens: int, num_output: int, *, cap: int) -> int:
-    """Tokens a request may still generate, for the peak estimate; capped because max_tokens is
-    often a loose bound (the cap is the scheduler's horizon)."""
+    """Tokens a request may still generate, for the peak estimate (capped: max_tokens is often
+    a loose bound)."""
     return max(0, min(max_tokens - num_output, cap))
 
 
-def lookup_cooldown(consecutive_misses: int, *, max_cooldown: int = 32) -> int:
+def lookup_cooldown(consecutive_misses: int) -> int:
     """Proposals to skip prompt-lookup after its drafts missed this many times in a row
-    (1, 2, 4, ... up to max_cooldown): a request whose output does not repeat stops paying for
-    verifying guesses (on a large model every drafted slot costs compute), and one that starts
-    repeating is found again soon."""
+    (1, 2, 4, ... up to 32): a request whose output does not repeat stops paying for
+    verifying guesses, and one that starts repeating is found again soon."""
     if consecutive_misses <= 0:
         return 0
-    return min(max_cooldown, 1 << min(consecutive_misses - 1, 16))
-
-
-def drafts_lookup(num_running: int, *, max_batch: int | None) -> bool:
-    """Whether prompt-lookup guesses are drafted at this batch size. Forced text always is (it
-    is never wrong); a guess costs a verify slot, a mask row and its proposal, which past the
-    GPU's memory-bound knee (a large batch) a rare hit does not pay back."""
-    return max_batch is None or num_running <= max_batch
-
-
-def anchoring_pays(mean_gain: float, *, min_gain: float) -> bool:
-    """Overlapped scheduling: whether drafts anchored on a request's in-flight sample are worth
-    making. An anchored proposal gains the drafts it gets accepted when its guess for that
-    sample hits, less the request's next step when one of them is rejected (that step, in
-    flight, assumed them all: it is voided), and nothing when the guess misses; a model that
-    seldom writes the grammar's forced text in the canonical tokens (a random-weights one)
-    gains ~0 a proposal and still pays the verify rows, their masks and the proposals."""
-    return mean_gain >= min_gain
+    return min(32, 1 << min(consecutive_misses - 1, 16))
 
 
 def joins_while_in_flight(*, needs_history: bool, tokens_left: int) -> bool:
     """Overlapped scheduling: whether a request whose previous step is still in flight joins
-    this one. It joins on that step's last sample (gathered on the device) and assumes that
-    step's drafts are all accepted: forced text keeps being drafted every step, anchored on the
-    in-flight sample (see Scheduler.settle_in_flight for what a wrong guess costs: one step of
-    that request). It waits when the assumed tokens already reach its limit, or when its
-    penalties need the in-flight tokens themselves."""
+    this one, on that step's last sample, assuming its drafts all accepted. It waits when the
+    assumed tokens already reach its limit, or when its penalties need the in-flight tokens."""
     return tokens_left > 0 and not needs_history

@@ -10,26 +10,15 @@ import numpy as np
 
 from guided.params import SamplingParams
 
-_MASK64 = (1 << 64) - 1
-
-
-def position_seed(seed: int, position: int) -> int:
-    """splitmix64 of (seed, position), folded to a non-negative int64."""
-    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
-
-
 _SPLITMIX = tuple(np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
                                          0x94D049BB133111EB))
 
 
 def position_seeds(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """position_seed over arrays (uint64 in, int64 out), the same values: a verify step at
-    256 requests seeds ~700 rows, ~1 µs each in Python."""
+    """splitmix64 of each (seed, position), folded to a non-negative int64 (uint64 in): numpy,
+    since a verify step at 256 requests seeds ~700 rows."""
     a, b, c = _SPLITMIX
-    with np.errstate(over="ignore"):  # uint64 wraps around, as the & _MASK64 above
+    with np.errstate(over="ignore"):  # uint64 wraps around
         z = seeds * a + positions * b + c
         z = (z ^ (z >> np.uint64(30))) * b
         z = (z ^ (z >> np.uint64(27))) * c
@@ -39,9 +28,7 @@ def position_seeds(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 @dataclass(slots=True)
 class SamplingRows:
-    """Per sampled row (one per sampled position) parameters, built on the host (rows_for:
-    from each sampled request's parameters and row count)."""
-
+    """Per sampled row (one per sampled position) parameters, built by rows_for."""
     temperature: list[float] | np.ndarray
     seeds: list[int] | np.ndarray
     top_k: list[int]
@@ -53,18 +40,10 @@ class SamplingRows:
     history: list[list[int]]  # output token ids before each row (penalties)
     prompt_ids: list[list[int]]  # prompt token ids (repetition penalty)
     num_logprobs: list[int]  # -1: none
-    slow: bool | None = None  # needs_slow_path, where the builder knows it
+    needs_slow_path: bool  # the torch path: filters, penalties, logit bias or banned tokens
     logit_bias: list[dict[int, float] | None] | None = None  # (torch path)
     # token ids the row may not sample (EOS and stop tokens before min_tokens; torch path)
     banned: list[tuple[int, ...]] | None = None
-
-    @property
-    def needs_slow_path(self) -> bool:
-        if self.slow is not None:
-            return self.slow
-        return (any(k > 0 for k in self.top_k) or any(p < 1.0 for p in self.top_p)
-                or any(p > 0.0 for p in self.min_p) or any(self.presence_penalty)
-                or any(self.frequency_penalty) or any(r != 1.0 for r in self.repetition_penalty))
 
 
 @dataclass(slots=True)
@@ -82,8 +61,7 @@ class RowSource:
 
 def rows_for(sources: list[RowSource]) -> SamplingRows:
     """The step's SamplingRows: each request's values repeated over its rows at once (numpy),
-    not appended row by row, and the torch path's lists filled in only when a request needs
-    them. A constrained verify step at 256 requests has ~700 rows (benchmarks/bench_prepare.py)."""
+    and the torch path's lists filled in only when a request needs them."""
     counts = np.fromiter((s.count for s in sources), np.int64, len(sources))
     total = int(counts.sum())
     starts = np.repeat(np.cumsum(counts) - counts, counts)
@@ -102,7 +80,7 @@ def rows_for(sources: list[RowSource]) -> SamplingRows:
     if not slow:  # the fused kernel reads temperatures and seeds only
         return SamplingRows(temperature, seeds, [0] * total, [1.0] * total, [0.0] * total,
                             [0.0] * total, [0.0] * total, [1.0] * total, [[]] * total,
-                            [[]] * total, num_logprobs, slow=False)
+                            [[]] * total, num_logprobs, False)
 
     def each(field: str) -> list:
         return [getattr(s.params, field) for s in sources for _ in range(s.count)]
@@ -113,5 +91,5 @@ def rows_for(sources: list[RowSource]) -> SamplingRows:
               for s in sources for j in range(s.count)]
     return SamplingRows(temperature, seeds, each("top_k"), each("top_p"), each("min_p"),
                         each("presence_penalty"), each("frequency_penalty"),
-                        each("repetition_penalty"), histories, prompts, num_logprobs, slow=True,
+                        each("repetition_penalty"), histories, prompts, num_logprobs, True,
                         logit_bias=each("logit_bias"), banned=banned)

@@ -2,7 +2,7 @@
 
 One view covers prefill, chunked prefill, prefix hits, decode and jump-forward drafts: each
 request catches up from num_computed_tokens to its known tokens (plus drafts), within the step's
-token budget. Decisions (how much, whom to admit, whom to preempt) come from policy.py.
+token budget.
 """
 from __future__ import annotations
 
@@ -43,11 +43,8 @@ class ScheduledRequest:
 
 @dataclass(slots=True)
 class StepPlan:
-    """A step as the scheduler decided it, over live requests (the engine's side; the worker
-    gets its plain-data form, scheduler/output.py)."""
+    """A step over live requests (the worker gets its plain-data form, scheduler/output.py)."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    preempted: list[Request] = field(default_factory=list)
 
 
 class Scheduler:
@@ -78,11 +75,9 @@ class Scheduler:
 
     def remove(self, request: Request) -> None:
         """Take a request out of every queue and free its blocks (finish or abort)."""
-        for queue in (self.running, self.compiling):
+        for queue in (self.running, self.compiling, self.waiting):
             if request in queue:
                 queue.remove(request)
-        if request in self.waiting:
-            self.waiting.remove(request)
         self.free_blocks(request)
         self.arrival_index.pop(request.request_id, None)
 
@@ -94,8 +89,7 @@ class Scheduler:
     # -- schedule -----------------------------------------------------------------------------
     def take_compiled(self) -> list[Request]:
         """The compiling requests whose compile has ended (ready or failed), taken out of the
-        compiling queue: the engine gives each its matcher and admits it (admit_compiled) or
-        fails it."""
+        compiling queue."""
         done, still = [], []
         for request in self.compiling:
             (done if request.grammar_future.done() else still).append(request)
@@ -140,7 +134,6 @@ class Scheduler:
             budget -= item.num_new_tokens + item.num_draft_tokens
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = time.time()
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
     def _admit(self, request: Request) -> bool:
@@ -149,9 +142,11 @@ class Scheduler:
         # the last token is always recomputed: its logits are needed
         hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1)
         horizon = policy.ADMISSION_LOOKAHEAD_TOKENS
+        # cached-but-unreferenced hits leave the free queue when shared
+        num_free_hits = sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
         ok = policy.can_admit(
             prompt_blocks_needed=self.blocks.blocks_needed(num_tokens) - len(hits),
-            num_free_blocks=self.blocks.num_free_blocks - self._num_free_hits(hits),
+            num_free_blocks=self.blocks.num_free_blocks - num_free_hits,
             num_total_blocks=self.blocks.num_blocks,
             running_current=[r.num_tokens for r in self.running],
             running_remaining=[policy.expected_remaining(r.max_tokens, len(r.output_token_ids),
@@ -170,12 +165,7 @@ class Scheduler:
         request.num_computed_tokens = len(hits) * bs
         self.prefix_queries += num_tokens
         self.prefix_hits += len(hits) * bs
-        request.metrics.prefix_cache_hit_tokens += len(hits) * bs
         return True
-
-    def _num_free_hits(self, hits: list[int]) -> int:
-        # cached-but-unreferenced hits leave the free queue when shared
-        return sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
 
     def _joins_in_flight(self, request: Request) -> bool:
         """Whether a request whose last step is in flight joins this one (overlapped
@@ -196,7 +186,7 @@ class Scheduler:
         the newest running requests if needed. None: the request itself was preempted."""
         computed = request.num_computed_tokens + request.num_inflight_tokens
         pending = request.num_tokens + request.num_inflight_samples - computed
-        num_new = policy.num_tokens_to_schedule(pending, budget)
+        num_new = min(pending, budget)
         sample = num_new == pending
         placeholder = request.num_inflight_samples > 0
         if placeholder != (request.draft_anchor is not None):
@@ -221,8 +211,9 @@ class Scheduler:
                                 anchor=request.draft_anchor if num_draft else None)
 
     def _preempt_newest(self, out: StepPlan) -> Request:
-        order = [self.arrival_index[r.request_id] for r in self.running]
-        victim = self.running.pop(policy.pick_preemption_victim(order))
+        # the latest arrival: it has the least work to redo, the earliest keep their latency
+        victim = max(self.running, key=lambda r: self.arrival_index[r.request_id])
+        self.running.remove(victim)
         self.free_blocks(victim)
         victim.num_computed_tokens = 0
         victim.draft_token_ids, victim.draft_anchor = [], None
@@ -233,7 +224,6 @@ class Scheduler:
         for item in list(out.scheduled):  # a victim scheduled earlier this step is unscheduled
             if item.request is victim:
                 out.scheduled.remove(item)
-        out.preempted.append(victim)
         return victim
 
     # -- steps in flight (overlapped scheduling) ----------------------------------------------
@@ -241,7 +231,6 @@ class Scheduler:
     # assumes the unseen one's drafts are all accepted (it starts after them, on their last
     # sample); settle_in_flight corrects the assumption once the tokens are seen.
     def launched(self, sched: StepPlan) -> None:
-        """This step was queued on the device; the host sees its tokens later."""
         for item in sched.scheduled:
             request = item.request
             request.num_inflight_tokens += item.num_new_tokens + item.num_draft_tokens
@@ -250,7 +239,6 @@ class Scheduler:
                 request.inflight = item
 
     def landed(self, sched: StepPlan) -> None:
-        """This step's tokens reached the host (before the engine's update of them)."""
         for item in sched.scheduled:
             if not item.voided:
                 self._uncount(item)
@@ -266,11 +254,9 @@ class Scheduler:
 
     def settle_in_flight(self, request: Request, *, kept_all_drafts: bool) -> None:
         """The request's tokens of step t were appended; its entry in step t+1 (in flight)
-        assumed them. A rejected draft voids that entry: it ran on a wrong token, so its rows
-        are dropped and the request is scheduled again from its committed tokens (the entry's
-        K/V slots lie past them and are rewritten by later steps, which run after it). If the
-        entry's drafts were anchored on a token that t did not sample, only its first row
-        stands."""
+        assumed them. A rejected draft voids that entry: its rows are dropped and the request is
+        scheduled again from its committed tokens (later steps rewrite the entry's K/V slots).
+        If its drafts were anchored on a token that t did not sample, only its first row stands."""
         item = request.inflight
         if item is None:
             return
@@ -284,8 +270,7 @@ class Scheduler:
             item.drafts_void = True
 
     def forget_in_flight(self) -> None:
-        """The steps in flight are lost (a failed step): every request goes back to its
-        committed tokens."""
+        """The steps in flight are lost (a failed step): back to the committed tokens."""
         for request in [*self.running, *self.waiting]:
             request.num_inflight_tokens = request.num_inflight_samples = 0
             request.inflight = None

@@ -1,15 +1,12 @@
 """The server's one front end to the engine, which runs in a process of its own
-(serving/engine_process.py says why): compile, add_request, generate, abort, stats, shutdown,
-each call a message down a pipe, each answer and step's outputs a message back.
+(serving/engine_process.py says why): each call a message down a pipe, each answer and step's
+outputs a message back, taken by a reader thread.
 
-A reader thread takes the engine's messages: it rebuilds each step's outputs from their deltas
-(serving/output_wire.py) and hands the batch to the event loop in one call (each such call
-writes to the loop's self-pipe, so one a step, not one an output). If the engine process dies,
-every open request ends with an error and every waiting call fails; /health reports it and a
-fresh engine process is started in its place.
-A watchdog pings the engine loop every second (answered between steps): one silent for
-UNRESPONSIVE_S is reported by /health, and past HUNG_S killed and replaced, unless its process
-is still using CPU (a long step), then only past BUSY_HUNG_S.
+If the engine process dies, every open request ends with an error and every waiting call fails;
+/health reports it and a fresh engine process is started in its place. A watchdog pings the
+engine loop every second (answered between steps): one silent for UNRESPONSIVE_S is reported by
+/health, and past HUNG_S killed and replaced, unless its process still uses CPU (a long step),
+then only past BUSY_HUNG_S.
 """
 from __future__ import annotations
 
@@ -20,29 +17,26 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from guided.errors import OverloadedError
 from guided.outputs import EngineStats, RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
 from guided.serving import messages as m
 from guided.serving.engine_process import main
-from guided.serving.messages import EngineInfo
-from guided.serving.output_wire import Received, decode, final_output
-from guided.serving.request_stream import RequestStream, hand_over, stream_outputs
+from guided.serving.messages import EngineInfo, decode, final_output
+from guided.serving.request_stream import RequestStream, hand_over
 
 logger = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 1.0
-# an engine loop that has not answered a ping for this long is reported unhealthy (/health
-# 503); past HUNG_S it is killed and restarted. A step never takes seconds on its own: a prefill
-# chunk is bounded by max_num_batched_tokens, compiles run off the step loop
+# a step never takes seconds on its own (a prefill chunk is bounded by max_num_batched_tokens,
+# compiles run off the step loop)...
 UNRESPONSIVE_S = 5.0
 HUNG_S = 30.0
-# ...but a silent engine whose process still uses CPU is in a long step, not stuck: on a loaded
-# 2-core CPU one step of max_num_batched_tokens (2048) took 30-117 s (200 clients at once); it
-# is killed only past this
+# ...unless its CPU is loaded: one step of 2048 tokens took 30-117 s on 2 cores (200 clients)
 BUSY_HUNG_S = 600.0
+START_TIMEOUT_S = 1800.0  # loading a large model from a cold disk
 
 
 class EngineClient:
@@ -50,20 +44,17 @@ class EngineClient:
     engine to load); then use from one asyncio event loop."""
 
     def __init__(self, config, *, log_level: str = "info",
-                 on_finished: Callable[[RequestOutput], None] | None = None,
-                 start_timeout_s: float = 1800.0,
                  build_engine: Callable[[], object] | None = None):
-        """build_engine: a picklable callable that builds the engine in its process instead of
-        `Engine(config)` (the server tests' model-free engine)."""
-        self.on_finished = on_finished  # called on the reader thread for each finished output
-        self._config, self._log_level, self._start_timeout_s = config, log_level, start_timeout_s
-        self._build_engine = build_engine
+        # build_engine: a picklable callable that builds the engine in its process instead of
+        # Engine(config) (the server tests' model-free engine)
+        self._config, self._log_level, self._build_engine = config, log_level, build_engine
+        # called on the reader thread for each finished output
+        self.on_finished: Callable[[RequestOutput], None] | None = None
         self._send_lock = threading.Lock()
         self.engine = self._start_engine()
         self._stats = self.engine.initial_stats
         self._streams: dict[str, RequestStream] = {}
-        self._received: dict[str, Received] = {}  # reader thread only
-        self._last: dict[str, RequestOutput] = {}  # reader thread only: for a died engine's finals
+        self._last: dict[str, RequestOutput] = {}  # reader thread only: what deltas build on
         self._adds: dict[str, asyncio.Future] = {}
         self._compiles: dict[int, asyncio.Future] = {}
         self._compile_ids = itertools.count()
@@ -72,11 +63,9 @@ class EngineClient:
         self._stopped: asyncio.Future | None = None
         self.compile_queries = 0
         self.compile_hits = 0
-        self.compiles_pending = 0
         self.restarts = 0  # engine processes replaced after they died or hung
         self._last_pong = time.monotonic()  # the engine loop's last answer to a ping
-        self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, name="engine-events", daemon=True).start()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
     def _start_engine(self) -> EngineInfo:
@@ -92,29 +81,24 @@ class EngineClient:
         events_out.close()
         with self._send_lock:
             self._process, self._commands, self._events = process, commands, events
-        return self._wait_ready(self._start_timeout_s)
-
-    def _wait_ready(self, timeout_s: float) -> EngineInfo:
-        deadline = time.monotonic() + timeout_s
-        while not self._events.poll(0.5):
-            if not self._process.is_alive():
-                raise RuntimeError(f"the engine process exited ({self._process.exitcode}) "
-                                   "while loading")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not events.poll(0.5):
+            if not process.is_alive():
+                raise RuntimeError(f"the engine process exited ({process.exitcode}) while loading")
             if time.monotonic() > deadline:
-                self._process.kill()
-                raise RuntimeError(f"the engine did not load within {timeout_s:.0f} s")
-        message = self._events.recv()
-        if not isinstance(message, m.Ready):
-            self._process.join(10)
-            raise RuntimeError(f"the engine failed to start: {getattr(message, 'reason', message)}")
-        return message.info
+                process.kill()
+                raise RuntimeError(f"the engine did not load within {START_TIMEOUT_S:.0f} s")
+        message = events.recv()
+        if isinstance(message, EngineInfo):
+            return message
+        process.join(10)
+        raise RuntimeError(f"the engine failed to start: {getattr(message, 'reason', message)}")
 
     # ---- event-loop side -------------------------------------------------------------------
 
     @property
     def is_running(self) -> bool:
-        """Alive and answering: an engine loop silent for UNRESPONSIVE_S (a step that does
-        not end) is reported at once, and replaced after HUNG_S."""
+        """Alive and answering (not silent for UNRESPONSIVE_S)."""
         return (self._alive and self._process.is_alive()
                 and time.monotonic() - self._last_pong < UNRESPONSIVE_S)
 
@@ -128,12 +112,10 @@ class EngineClient:
         compile_id = next(self._compile_ids)
         self._compiles[compile_id] = future
         self.compile_queries += 1
-        self.compiles_pending += 1
         try:
             self._send(m.Compile(compile_id, spec))
             return await future
         finally:
-            self.compiles_pending -= 1
             self._compiles.pop(compile_id, None)
             # the caller gave up (its cancellation cancelled the future): a compile nobody
             # waits for is dropped
@@ -141,8 +123,7 @@ class EngineClient:
                 self._send(m.Uncompile(compile_id))
 
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                          *, arrival_time: float | None = None,
-                          compiled: bool = False) -> RequestStream:
+                          *, compiled: bool = False) -> RequestStream:
         """Hand a request to the engine; raises InvalidRequestError / ConstraintError /
         OverloadedError before any output, so a server can still answer with an error status,
         and returns its stream after. compiled: the caller compiled the constraint already (one
@@ -153,7 +134,7 @@ class EngineClient:
         # restarting engine refuses work (a hung one is killed and restarted by the watchdog)
         if not (self._alive and self._process.is_alive()):
             raise OverloadedError("the engine is not running (it is being restarted)")
-        arrival_time = time.time() if arrival_time is None else arrival_time
+        arrival_time = time.time()
         if params.constraint is not None and not compiled:
             await self.compile(params.constraint)
         loop = asyncio.get_running_loop()
@@ -171,11 +152,6 @@ class EngineClient:
         finally:
             self._adds.pop(request_id, None)
         return stream
-
-    def generate(self, request_id: str, prompt: str | list[int],
-                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request; closing or cancelling the consumer aborts it."""
-        return stream_outputs(self, request_id, prompt, params)
 
     def abort(self, request_id: str) -> None:
         self._send(m.Abort(request_id))
@@ -208,7 +184,7 @@ class EngineClient:
             try:
                 self._commands.send(message)
             except (OSError, ValueError) as e:
-                if not isinstance(message, (m.Abort, m.Stop, m.Uncompile, m.Ping)):
+                if isinstance(message, (m.Add, m.Compile)):  # the rest have nothing to end
                     raise OverloadedError("the engine process is not running") from e
 
     # ---- reader thread ---------------------------------------------------------------------
@@ -234,9 +210,8 @@ class EngineClient:
         match message:
             case m.Outputs(deltas, stats):
                 self._stats = stats
-                self._deliver([self._rebuild(delta) for delta in deltas])
-            case m.Stats(stats):
-                self._stats = stats
+                if deltas:
+                    hand_over([self._rebuild(delta) for delta in deltas])
             case m.Accepted(request_id, error):
                 future = self._adds.get(request_id)
                 if future is not None:
@@ -254,9 +229,8 @@ class EngineClient:
 
     def _rebuild(self, delta: m.OutputDelta) -> tuple[RequestStream | None, RequestOutput]:
         request_id = delta.request_id
-        out, received = decode(delta, self._received.get(request_id))
+        out = decode(delta, self._last.get(request_id))
         if out.finished:
-            self._received.pop(request_id, None)
             self._last.pop(request_id, None)
             stream = self._streams.pop(request_id, None)
             if self.on_finished is not None:
@@ -265,19 +239,9 @@ class EngineClient:
                 except Exception:
                     logger.exception("on_finished hook failed")
         else:
-            self._received[request_id] = received
             self._last[request_id] = out
             stream = self._streams.get(request_id)
         return stream, out
-
-    def _deliver(self, batch: list[tuple[RequestStream | None, RequestOutput]]) -> None:
-        """One call_soon_threadsafe per event loop with streams in the batch (one in a
-        server)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, out in batch:
-            if stream is not None:
-                by_loop.setdefault(stream._loop, []).append((stream, out))
-        hand_over(by_loop)
 
     def _on_exit(self) -> None:
         """The engine stopped (asked to, or died): end what still waits on it."""
@@ -291,7 +255,7 @@ class EngineClient:
         for future in list(self._compiles.values()):
             _resolve(future, error)
         streams, self._streams = self._streams, {}
-        self._deliver([(stream, final_output(request_id, self._last.get(request_id),
+        hand_over([(stream, final_output(request_id, self._last.get(request_id),
                                        "error" if died else "abort",
                                        "the engine process exited" if died else None,
                                        "unavailable" if died else None))
@@ -317,14 +281,12 @@ class EngineClient:
                 logger.exception("restarting the engine failed (attempt %d)", attempt)
                 time.sleep(min(30.0, 2.0 * attempt))
         self._stats = self.engine.initial_stats
-        self._received.clear()
         self._last.clear()
         self.restarts += 1
         self._last_pong = time.monotonic()
         self._alive = True
         logger.warning("the engine process was restarted (%d restart(s) so far)", self.restarts)
-        self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, name="engine-events", daemon=True).start()
 
     def _watch(self) -> None:
         """Ping the engine loop every PING_INTERVAL_S; one silent past HUNG_S is killed (its
@@ -334,10 +296,7 @@ class EngineClient:
             time.sleep(PING_INTERVAL_S)
             if not self._alive:
                 continue
-            try:
-                self._send(m.Ping())
-            except OverloadedError:
-                continue
+            self._send(m.Ping())
             now = time.monotonic()
             last, cpu = cpu, _cpu_seconds(self._process.pid)
             if cpu is not None and last is not None and cpu - last > 0.05 * PING_INTERVAL_S:

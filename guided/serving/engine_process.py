@@ -1,20 +1,13 @@
-"""The engine in a process of its own, the server's one way to run it (serving/client.py is the
-other end).
+"""The engine in a process of its own (serving/client.py is the other end).
 
-Why a process: an engine thread beside the server's event loop shared one GIL with it, and the
-engine gives the GIL up at every torch call and every C++ matcher call. py-spy on a cold serving
-run (GPU) found the engine thread waiting for the GIL in 38-41% of its samples, and the event loop
-(HTTP, SSE writes, prompt tokenization) holding it a quarter to a third of the time. Here the
-engine's process has no event loop: the step loop shares its GIL only with the compile and mask
-threads, and HTTP work cannot slow a step. vLLM (its engine core) and SGLang (its scheduler) run
-their step loops apart from the API server for the same reason.
+Why a process: an engine thread beside the server's event loop shares its GIL, which the engine
+gives up at every torch and C++ matcher call, so its steps waited for HTTP work (py-spy: 38-41%
+of its samples); vLLM's engine core and SGLang's scheduler run apart from the API server too.
 
     server process (EngineClient)                   engine process (this module)
-    -----------------------------                   ----------------------------
     Add / Abort / Compile / Ping / Stop  -------->  reader thread -> EngineLoop's queue
-    Accepted, Compiled, Outputs, Stats, Pong  <---  EngineLoop: steps while there is work;
+    Accepted, Compiled, Outputs, Pong  <----------  EngineLoop: steps while there is work;
                                                     a step's outputs as deltas, one batch
-                                                    (serving/output_wire.py)
 """
 from __future__ import annotations
 
@@ -25,12 +18,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from guided.errors import EngineDeadError, InvalidRequestError, OverloadedError
-from guided.outputs import RequestOutput
 from guided.serving import messages as m
-from guided.serving.output_wire import Sent, encode, final_output
+from guided.serving.messages import Sent, encode, final_output
 from guided.serving.stats_log import CompileCounts, StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -42,12 +33,6 @@ _STEP_FAILURE_BACKOFF_S = 0.5
 _STATS_INTERVAL_S = 0.05  # stats on their own, between outputs that carry them
 
 
-@dataclass(slots=True)
-class _StopBy:
-    """A Stop as queued for the loop: its drain's deadline (time.monotonic())."""
-    deadline: float
-
-
 class EngineLoop:
     """Drives one engine: commands come from the reader thread (take), the loop's own thread
     (run) steps while there is work and sends each step's outputs down the pipe. Only that
@@ -57,8 +42,7 @@ class EngineLoop:
         self.engine = engine
         self._send = send
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: dict[str, RequestOutput | None] = {}  # request id -> its last output
-        self._sent: dict[str, Sent] = {}  # what the server holds of each request
+        self._live: dict[str, Sent] = {}  # what the server holds of each unfinished request
         self._batch: list[m.OutputDelta] = []
         self._stopped = False  # set as the loop stops taking commands
         self._stop_deadline: float | None = None
@@ -66,7 +50,7 @@ class EngineLoop:
         self._last_stats, self._last_stats_time = None, 0.0
         self._tickets: dict = {}  # compile id -> its compiler ticket, until settled
         self._counts_lock = threading.Lock()  # the reader and the compile threads count
-        self.compile_queries = self.compile_hits = self.compiles_pending = 0
+        self._compiles = CompileCounts()
         config = getattr(engine, "config", None)
         self._stats_log = StatsLogger(getattr(config, "log_stats_interval_s", 0.0))
 
@@ -75,31 +59,29 @@ class EngineLoop:
     def take(self, command) -> None:
         """A command from the server."""
         match command:
-            case m.Add() | m.Abort() | m.Ping():  # the loop's (Ping: proof that it turns)
-                self._commands.put(command)
-                if self._stopped:
-                    self._reject_pending()
             case m.Compile(compile_id, spec):
                 self._compile(compile_id, spec)
             case m.Uncompile(compile_id):  # the server gave up on it (client gone, timed out)
                 ticket = self._tickets.pop(compile_id, None)
                 if ticket is not None:
                     ticket.cancel()
-            case m.Stop(drain_timeout):
-                self._commands.put(_StopBy(time.monotonic() + drain_timeout))
+            case _:  # the loop's (Ping: proof that it turns)
+                self._commands.put(command)
+                if self._stopped:
+                    self._reject_pending()
 
     def _compile(self, compile_id: int, spec) -> None:
         future = self.engine.compiler.submit(spec)
         hit = future.done()
         with self._counts_lock:
-            self.compile_queries += 1
-            self.compile_hits += hit
-            self.compiles_pending += not hit
+            c = self._compiles
+            self._compiles = CompileCounts(c.queries + 1, c.hits + hit, c.pending + (not hit))
 
         def done(f) -> None:
             self._tickets.pop(compile_id, None)
             with self._counts_lock:
-                self.compiles_pending -= not hit
+                c = self._compiles
+                self._compiles = CompileCounts(c.queries, c.hits, c.pending - (not hit))
             if not f.cancelled():
                 self._send(m.Compiled(compile_id, hit, m.ErrorInfo.of(f.exception())))
 
@@ -141,8 +123,8 @@ class EngineLoop:
                 return
             if has_work:
                 self._step()
-            self._flush()  # this step's outputs, and finals of aborts handled within it
             self._refresh_stats()
+            self._flush()  # this step's outputs, and finals of aborts handled within it
 
     def _drain_commands(self, *, block: bool, timeout: float | None = None) -> None:
         if block:
@@ -152,19 +134,16 @@ class EngineLoop:
                 command = self._commands.get(block=block, timeout=timeout)
             except queue.Empty:
                 return
-            self._handle(command)
             block = False
-
-    def _handle(self, command) -> None:
-        match command:
-            case m.Add():
-                self._add(command)
-            case m.Abort(request_id):
-                self._abort(request_id)
-            case m.Ping():
-                self._send(m.Pong())
-            case _StopBy(deadline):
-                self._stop_deadline = deadline
+            match command:
+                case m.Add():
+                    self._add(command)
+                case m.Abort(request_id):
+                    self._abort(request_id)
+                case m.Ping():
+                    self._send(m.Pong())
+                case m.Stop(drain_timeout):
+                    self._stop_deadline = time.monotonic() + drain_timeout
 
     def _add(self, add: m.Add) -> None:
         error = None
@@ -176,7 +155,7 @@ class EngineLoop:
             try:
                 self.engine.add_request(add.request_id, add.prompt, add.params,
                                         arrival_time=add.arrival_time)
-                self._live[add.request_id] = None
+                self._live[add.request_id] = Sent()
             except Exception as e:  # noqa: BLE001 - any rejection goes back to the caller
                 error = e
         self._send(m.Accepted(add.request_id, m.ErrorInfo.of(error)))
@@ -192,25 +171,22 @@ class EngineLoop:
                 self._send(m.Accepted(command.request_id, m.ErrorInfo.of(
                     OverloadedError("the engine is shutting down"))))
 
-    def _abort(self, request_id: str) -> None:
-        if request_id not in self._live:
+    def _abort(self, request_id: str, reason: str = "abort", *, error: str | None = None,
+               error_type: str | None = None) -> None:
+        sent = self._live.pop(request_id, None)
+        if sent is None:
             return
         try:
             self.engine.abort_request(request_id)
         except Exception:
             logger.exception("engine.abort_request(%r) failed", request_id)
-        self._post(final_output(request_id, self._live.pop(request_id), "abort"))
-        logger.debug("aborted request %s", request_id)
+        self._batch.append(encode(final_output(request_id, sent.last, reason, error, error_type),
+                                  sent))
 
     def _abort_all(self, reason: str, *, error: str | None = None,
                    error_type: str | None = None) -> None:
-        for request_id, last in list(self._live.items()):
-            try:
-                self.engine.abort_request(request_id)
-            except Exception:
-                logger.exception("engine.abort_request(%r) failed", request_id)
-            self._post(final_output(request_id, last, reason, error, error_type))
-        self._live.clear()
+        for request_id in list(self._live):
+            self._abort(request_id, reason, error=error, error_type=error_type)
 
     def _step(self) -> None:
         try:
@@ -228,28 +204,19 @@ class EngineLoop:
         if not outputs and self._stats.num_running == 0:
             self._drain_commands(block=True, timeout=_NO_PROGRESS_WAIT_S)
         for out in outputs:
-            self._dispatch(out)
-
-    def _dispatch(self, out: RequestOutput) -> None:
-        request_id = out.request_id
-        if request_id not in self._live:
-            return  # aborted meanwhile
-        if out.finished:
-            del self._live[request_id]
-        else:
-            self._live[request_id] = out
-        self._post(out)
-
-    def _post(self, out: RequestOutput) -> None:
-        sent = self._sent.get(out.request_id)
-        if sent is None:
-            sent = self._sent[out.request_id] = Sent()
-        self._batch.append(encode(out, sent))
-        if out.finished:
-            del self._sent[out.request_id]
+            sent = self._live.get(out.request_id)
+            if sent is None:
+                continue  # aborted meanwhile
+            if out.finished:
+                del self._live[out.request_id]
+            self._batch.append(encode(out, sent))
 
     def _flush(self) -> None:
-        if self._batch:
+        # the stats go with the outputs; on their own when they changed, at most every
+        # _STATS_INTERVAL_S while the engine works and the last before it idles
+        if self._batch or (self._stats != self._last_stats and (
+                time.monotonic() - self._last_stats_time > _STATS_INTERVAL_S
+                or not self.engine.has_unfinished_requests())):
             batch, self._batch = self._batch, []
             self._last_stats, self._last_stats_time = self._stats, time.monotonic()
             self._send(m.Outputs(batch, self._stats))
@@ -257,20 +224,10 @@ class EngineLoop:
     def _refresh_stats(self) -> None:
         try:
             self._stats = self.engine.stats()
-            with self._counts_lock:
-                counts = CompileCounts(self.compile_queries, self.compile_hits,
-                                       self.compiles_pending)
-            self._stats_log.maybe_log(self._stats, counts, getattr(self.engine, "step_times", None))
+            self._stats_log.maybe_log(self._stats, self._compiles,
+                                      getattr(self.engine, "step_times", None))
         except Exception:
             logger.exception("engine.stats() failed")
-            return
-        # outputs carry the stats; a step without any, or the last before the engine idles,
-        # sends them on their own (at most every _STATS_INTERVAL_S while it works)
-        if self._stats != self._last_stats and (
-                time.monotonic() - self._last_stats_time > _STATS_INTERVAL_S
-                or not self.engine.has_unfinished_requests()):
-            self._last_stats, self._last_stats_time = self._stats, time.monotonic()
-            self._send(m.Stats(self._stats))
 
 
 def main(config, commands, events, log_level: str = "info",
@@ -304,7 +261,12 @@ def main(config, commands, events, log_level: str = "info",
         logger.exception("the engine failed to start")
         send(m.Failed(f"{type(e).__name__}: {e}"))
         return
-    send(m.Ready(engine_info(core)))
+    executor = getattr(core, "executor", None)
+    send(m.EngineInfo(
+        model_name=core.model_name, config=core.config, max_model_len=core.max_model_len,
+        tokenizer=core.tokenizer, initial_stats=core.stats(),
+        device=str(getattr(executor, "device", core.config.device)),
+        dtype=str(getattr(executor, "dtype", core.config.dtype))))
     loop = EngineLoop(core, send)
 
     def read() -> None:
@@ -321,13 +283,3 @@ def main(config, commands, events, log_level: str = "info",
     send(m.Stopped())
     logging.shutdown()
     os._exit(0)  # done: the interpreter's teardown has nothing left to do but report leaks
-
-
-def engine_info(core) -> m.EngineInfo:
-    """What the server needs of the engine (guided/server/app.py Server, cli's startup log)."""
-    executor = getattr(core, "executor", None)
-    return m.EngineInfo(
-        model_name=core.model_name, config=core.config, max_model_len=core.max_model_len,
-        tokenizer=core.tokenizer, initial_stats=core.stats(),
-        device=str(getattr(executor, "device", core.config.device)),
-        dtype=str(getattr(executor, "dtype", core.config.dtype)))

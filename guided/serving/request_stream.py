@@ -3,7 +3,6 @@ cumulative output (not a queue), filled by deliver_all, one batch per engine ste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from guided.outputs import RequestOutput
@@ -20,11 +19,9 @@ class RequestStream:
         self.request_id = request_id
         self._owner = owner
         self._loop = loop
-        # Outputs are cumulative: only the newest one not yet taken matters (a slot, not a queue).
-        self._pending: RequestOutput | None = None
+        self._pending: RequestOutput | None = None  # the newest output not yet taken
         self._waiter: asyncio.Future | None = None  # the consumer waiting for _pending
         self._done = False  # consumer side: finished output seen, or aborted
-        self.last: RequestOutput | None = None
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -39,14 +36,8 @@ class RequestStream:
             finally:
                 self._waiter = None
         out, self._pending = self._pending, None
-        self.last = out
-        if out.finished:
-            self._done = True
+        self._done = out.finished
         return out
-
-    @property
-    def finished(self) -> bool:
-        return self._done
 
     def abort(self) -> None:
         """Stop the request (frees its KV blocks); a no-op once it finished. Idempotent."""
@@ -55,24 +46,11 @@ class RequestStream:
             self._owner.abort(self.request_id)
 
     def _deliver(self, out: RequestOutput) -> None:  # event loop
-        pending = self._pending
-        if pending is not None and pending.finished:
+        if self._pending is not None and self._pending.finished:
             return  # nothing replaces the last word
         self._pending = out
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-async def stream_outputs(owner, request_id: str, prompt, params) -> AsyncIterator[RequestOutput]:
-    """owner.add_request's outputs as they come; closing or cancelling the consumer aborts the
-    request (EngineClient's generate)."""
-    stream = await owner.add_request(request_id, prompt, params)
-    try:
-        async for out in stream:
-            yield out
-    finally:
-        stream.abort()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 def deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # event loop
@@ -80,11 +58,15 @@ def deliver_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:  # ev
         stream._deliver(out)
 
 
-def hand_over(outbox: dict[asyncio.AbstractEventLoop, list]) -> None:
-    """Each event loop its batch of (stream, output), in one call_soon_threadsafe (from another
-    thread; a closed loop has nobody left to listen)."""
-    for loop, batch in outbox.items():
+def hand_over(batch: list[tuple[RequestStream | None, RequestOutput]]) -> None:
+    """Each event loop its share of a step's outputs in one call_soon_threadsafe (from another
+    thread: each such call writes to the loop's self-pipe, so one a step, not one an output)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for stream, out in batch:
+        if stream is not None:
+            by_loop.setdefault(stream._loop, []).append((stream, out))
+    for loop, outs in by_loop.items():
         try:
-            loop.call_soon_threadsafe(deliver_all, batch)
-        except RuntimeError:
+            loop.call_soon_threadsafe(deliver_all, outs)
+        except RuntimeError:  # a closed loop has nobody left to listen
             pass

@@ -2,12 +2,6 @@
 from guided.scheduler import policy
 
 
-def test_num_tokens_to_schedule_chunks_long_prefills():
-    assert policy.num_tokens_to_schedule(10, 100) == 10
-    assert policy.num_tokens_to_schedule(300, 100) == 100
-    assert policy.num_tokens_to_schedule(300, 100, chunked_prefill=False) == 0
-
-
 def test_peak_blocks_is_an_upper_bound_of_the_simulated_peak():
     import random
 
@@ -42,10 +36,6 @@ def test_can_admit_refuses_what_would_later_need_preemption():
                                 running_remaining=[], new_current=1456, new_remaining=1, **common)
 
 
-def test_preemption_victim_is_the_latest_arrival():
-    assert policy.pick_preemption_victim([3, 9, 1]) == 1
-
-
 def test_expected_remaining_is_capped():
     assert policy.expected_remaining(100, 30, cap=1000) == 70
     assert policy.expected_remaining(10**6, 0, cap=1000) == 1000
@@ -56,23 +46,9 @@ def test_lookup_cooldown_doubles_and_is_capped():
     assert policy.lookup_cooldown(0) == 0
     assert [policy.lookup_cooldown(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
     assert policy.lookup_cooldown(40) == 32
-    assert policy.lookup_cooldown(40, max_cooldown=8) == 8
 
 
 def test_joins_while_in_flight():
     assert policy.joins_while_in_flight(needs_history=False, tokens_left=3)
     assert not policy.joins_while_in_flight(needs_history=True, tokens_left=3)
     assert not policy.joins_while_in_flight(needs_history=False, tokens_left=0)
-
-
-def test_lookup_drafts_only_up_to_the_batch_limit():
-    assert policy.drafts_lookup(128, max_batch=128)
-    assert not policy.drafts_lookup(129, max_batch=128)
-    assert policy.drafts_lookup(10_000, max_batch=None)
-    assert not policy.drafts_lookup(1, max_batch=0)
-
-
-def test_anchoring_pays_from_the_mean_gain_up():
-    assert policy.anchoring_pays(0.5, min_gain=0.5)
-    assert not policy.anchoring_pays(0.1, min_gain=0.5)
-    assert policy.anchoring_pays(-1.0, min_gain=-2.0)

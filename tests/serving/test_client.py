@@ -39,8 +39,19 @@ def fake():
     asyncio.run(engine.shutdown(drain_timeout=0))
 
 
+async def generate(engine, request_id, prompt, params):
+    """The request's outputs as they come; closing or cancelling the consumer aborts it (as the
+    server's streams do)."""
+    stream = await engine.add_request(request_id, prompt, params)
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        stream.abort()
+
+
 async def collect(engine, request_id, prompt, **params):
-    return [out async for out in engine.generate(request_id, prompt, SamplingParams(**params))]
+    return [out async for out in generate(engine, request_id, prompt, SamplingParams(**params))]
 
 
 async def _until(condition, timeout_s: float) -> float:
@@ -111,7 +122,7 @@ def test_overload():
 def test_cancelling_the_consumer_aborts(fake):
     async def main():
         async def consume():
-            async for _ in fake.generate("slow", "ECHO:SLOW", SamplingParams()):
+            async for _ in generate(fake, "slow", "ECHO:SLOW", SamplingParams()):
                 pass
 
         task = asyncio.create_task(consume())
@@ -223,14 +234,15 @@ def _config() -> EngineConfig:
 @pytest.fixture(scope="module")
 def client():
     finished = []
-    engine = EngineClient(_config(), log_level="warning", on_finished=finished.append)
+    engine = EngineClient(_config(), log_level="warning")
+    engine.on_finished = finished.append
     engine.finished = finished
     yield engine
     asyncio.run(engine.shutdown(drain_timeout=0))
 
 
 async def _collect(engine, request_id, prompt, **params):
-    return [out async for out in engine.generate(request_id, prompt, SamplingParams(**params))]
+    return [out async for out in generate(engine, request_id, prompt, SamplingParams(**params))]
 
 
 def test_constrained_outputs_validate_and_grow(client):
@@ -289,8 +301,8 @@ def test_a_compile_the_caller_gives_up_on_is_dropped_in_the_engine(client, monke
 def test_an_abort_ends_the_stream_early(client):
     async def main():
         outs = []
-        async for out in client.generate("long", "Tell a long story.",
-                                         SamplingParams(max_tokens=400, ignore_eos=True)):
+        async for out in generate(client, "long", "Tell a long story.",
+                                  SamplingParams(max_tokens=400, ignore_eos=True)):
             outs.append(out)
             if len(out.token_ids) >= 5:
                 break  # closing the generator aborts the request

@@ -15,7 +15,17 @@ def _rows(n: int, *, penalty: float = 0.0) -> SamplingRows:
         temperature=[0.0, 0.7, 1.0, 0.9][:n], seeds=[11, 12, 13, 14][:n], top_k=[0] * n,
         top_p=[1.0] * n, min_p=[0.0] * n, presence_penalty=[penalty] * n,
         frequency_penalty=[0.0] * n, repetition_penalty=[1.0] * n,
-        history=[[1, 2, 3]] * n, prompt_ids=[[4]] * n, num_logprobs=[-1] * n)
+        history=[[1, 2, 3]] * n, prompt_ids=[[4]] * n, num_logprobs=[-1] * n,
+        needs_slow_path=bool(penalty))
+
+
+def position_seed(seed: int, position: int) -> int:
+    """splitmix64 of (seed, position), folded to a non-negative int64: position_seeds' oracle."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def test_position_seeds_equal_position_seed():
@@ -23,7 +33,7 @@ def test_position_seeds_equal_position_seed():
 
     import numpy as np
 
-    from guided.scheduler.sampling_rows import position_seed, position_seeds
+    from guided.scheduler.sampling_rows import position_seeds
 
     rng = random.Random(5)
     seeds = [rng.getrandbits(63) for _ in range(300)] + [0, (1 << 63) - 1]
@@ -35,7 +45,7 @@ def test_position_seeds_equal_position_seed():
 @pytest.mark.parametrize("slow", [False, True])
 def test_rows_for_repeats_each_request_over_its_rows(slow):
     from guided.params import SamplingParams
-    from guided.scheduler.sampling_rows import RowSource, position_seed, rows_for
+    from guided.scheduler.sampling_rows import RowSource, rows_for
 
     plain = SamplingParams(temperature=0.5)
     other = SamplingParams(temperature=0.9, top_k=5 if slow else -1, logprobs=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 
 from guided.outputs import RequestMetrics, RequestOutput
-from guided.serving.output_wire import Sent, decode, encode
+from guided.serving.messages import Sent, decode, encode
 
 
 def _steps():
@@ -27,10 +27,10 @@ def _steps():
 
 
 def test_deltas_rebuild_every_output_and_leave_earlier_ones_alone():
-    sent, received, rebuilt, originals = Sent(), None, [], []
+    sent, got, rebuilt, originals = Sent(), None, [], []
     for out in _steps():
         delta = pickle.loads(pickle.dumps(encode(out, sent)))  # as through the pipe
-        got, received = decode(delta, received)
+        got = decode(delta, got)
         rebuilt.append(got)
         originals.append((list(out.token_ids), out.text, list(out.logprobs)))
         assert got == out
@@ -53,9 +53,9 @@ def test_a_delta_carries_only_what_is_new():
 
 def test_a_final_copied_from_the_last_output_is_sent_whole():
     steps = list(_steps())
-    sent, received = Sent(), None
+    sent, got = Sent(), None
     for out in steps[:2]:
-        _, received = decode(encode(out, sent), received)
+        got = decode(encode(out, sent), got)
     final = RequestOutput("r", [7, 8], list(steps[1].token_ids), steps[1].text, True, "abort")
-    got, _ = decode(encode(final, sent), received)
+    got = decode(encode(final, sent), got)
     assert got.token_ids == [1, 2, 3, 4] and got.finish_reason == "abort" and got.finished
