@@ -24,7 +24,6 @@ import torch
 
 from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 
-
 # The torch references: what the CPU runs and what the kernels are tested against.
 GREEDY_EPS = 1e-5
 _GOLDEN = 0x9E3779B9

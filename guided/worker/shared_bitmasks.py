@@ -7,6 +7,7 @@ rows out (a counter per rank in a segment of its own). Segments are files in /de
 as soon as every rank has mapped them, so that an engine killed outright leaves nothing behind."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
@@ -45,10 +46,8 @@ class Segment:
         return np.frombuffer(self.map, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
             self.map.close()
-        except BufferError:  # a view still alive: the mapping goes with it
-            pass
 
     def unlink(self) -> None:
         self.path.unlink(missing_ok=True)

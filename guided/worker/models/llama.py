@@ -69,22 +69,6 @@ class AttentionMetadata:
     use_triton: bool  # False on the CPU: the torch reference serves
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = cfg.rope_scaling or {}
-    if scaling.get("rope_type", scaling.get("type")) == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        old_len = scaling.get("original_max_position_embeddings", 8192)
-        wavelen = 2 * math.pi / inv_freq
-        smooth = ((old_len / wavelen) - low) / (high - low)
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
-    return inv_freq.float()
-
-
 class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -97,8 +81,21 @@ class RotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def reset_tables(self) -> None:
-        t = torch.arange(self.cfg.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(t, rope_inv_freq(self.cfg)).to(self.cos.device)  # (P, D/2)
+        cfg, dim = self.cfg, self.cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        scaling = cfg.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+            factor = scaling["factor"]
+            low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+            old_len = scaling.get("original_max_position_embeddings", 8192)
+            wavelen = 2 * math.pi / inv_freq
+            smooth = ((old_len / wavelen) - low) / (high - low)
+            scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+            mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+            inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq,
+                                   scaled)
+        t = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq.float()).to(self.cos.device)  # (P, D/2)
         self.cos = freqs.cos()
         self.sin = freqs.sin()
 

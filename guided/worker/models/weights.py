@@ -55,7 +55,7 @@ class RandomWeights:
 
 
 class MissingWeight(KeyError):
-    pass
+    """A checkpoint tensor the model needs is not there."""
 
 
 def check_shape(piece: Piece, shape: tuple[int, ...]) -> None:
