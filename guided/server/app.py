@@ -27,8 +27,8 @@ from guided.server.admission import (
     capacity_for,
     register_metrics,
 )
-from guided.server.auth import ApiKeyMiddleware
-from guided.server.door import MAX_BODY_BYTES, BodyTooLarge, clip, read_json
+from guided.server.constraint_fields import sampling_extras
+from guided.server.door import MAX_BODY_BYTES, ApiKeyMiddleware, BodyTooLarge, clip, read_json
 from guided.server.jobs import (
     Job,
     ModelNotFound,
@@ -38,13 +38,11 @@ from guided.server.jobs import (
     new_id,
     raise_if_error,
 )
-from guided.server.logprobs import TokenTexts
 from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.server.native_routes import add_native_routes
 from guided.server.prompting import PromptWork, chat_chars, completion_chars
 from guided.server.reasoning import PARSERS, thinks, wrap_constraint
-from guided.server.responses import chat_response, completion_response
-from guided.server.sampling_fields import sampling_extras
+from guided.server.responses import TokenTexts, chat_response, completion_response
 from guided.server.sglang_routes import add_sglang_routes
 from guided.server.streaming import (
     ClientGone,
@@ -54,19 +52,21 @@ from guided.server.streaming import (
     sse_response,
     unless_disconnected,
 )
-from guided.server.tool_formats import detect_format
+from guided.server.tool_output import detect_format
 from guided.server.tools import (
     ToolPlan,
     build_messages,
     plan_request_tools,
     template_kwargs,
-    template_supports_tools,
 )
 from guided.serving.client import EngineClient
 from guided.serving.request_stream import RequestStream
 
 logger = logging.getLogger("guided.server")
 
+
+def include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
@@ -101,7 +101,7 @@ class Server:
         if chat_template is not None:  # guided serve --chat-template
             self.tokenizer.chat_template = chat_template
         template = getattr(self.tokenizer, "chat_template", None)
-        self.native_tools = template_supports_tools(template)
+        self.native_tools = bool(template) and "tools" in template
         self.tool_format = detect_format(template)
         self.compile_timeout_s = core.config.compile_timeout_s
         # imports xgrammar now: at the first grammar's door check, on the prompt thread, the
@@ -331,42 +331,33 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
             return error_response(500, f"internal error: {type(e).__name__}: {e}",
                                   type="internal_error", code=500)
 
-    async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
-        server.prompts.check_chars(chat_chars(req), "messages")
-        job = await server.prompts.run(server.chat_job, req)
+    async def run(request: Request, req, job: Job, stream, respond) -> Response:
+        """Admit the job, then a stream (`stream(streams)`) or a body (`respond(outputs)`)."""
         slot = await unless_disconnected(request, server.admission.enter(len(job.params)))
         with slot.held():
             if req.stream:
                 streams = await unless_disconnected(request, server.start(job))
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                return sse_response(slot.keep(chat_stream(server, job, streams, include_usage)),
-                                    streams)
+                return sse_response(slot.keep(stream(streams)), streams)
 
-            async def run():
-                streams = await server.start(job)
-                return chat_response(job, await server.finals(job, streams), server.texts)
+            async def finish():
+                return respond(await server.finals(job, await server.start(job)))
 
-            response = await unless_disconnected(request, run())
+            response = await unless_disconnected(request, finish())
         return JSONResponse(response.model_dump(exclude_none=True))
+
+    async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
+        server.prompts.check_chars(chat_chars(req), "messages")
+        job = await server.prompts.run(server.chat_job, req)
+        return await run(request, req, job,
+                         lambda s: chat_stream(server, job, s, include_usage(req)),
+                         lambda outs: chat_response(job, outs, server.texts))
 
     async def run_completion(request: Request, req: P.CompletionRequest) -> Response:
         server.prompts.check_chars(completion_chars(req), "prompt")
         job = await server.prompts.run(server.completion_job, req)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        slot = await unless_disconnected(request, server.admission.enter(len(job.params)))
-        with slot.held():
-            if req.stream:
-                streams = await unless_disconnected(request, server.start(job))
-                return sse_response(slot.keep(
-                    completion_stream(server, job, streams, req.echo, include_usage)), streams)
-
-            async def run():
-                streams = await server.start(job)
-                return completion_response(job, await server.finals(job, streams),
-                                           server.texts, echo=req.echo)
-
-            response = await unless_disconnected(request, run())
-        return JSONResponse(response.model_dump(exclude_none=True))
+        return await run(request, req, job, lambda s: completion_stream(
+            server, job, s, req.echo, include_usage(req)), lambda outs: completion_response(
+            job, outs, server.texts, echo=req.echo))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

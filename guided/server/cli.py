@@ -124,7 +124,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from guided.errors import InvalidRequestError
     from guided.server.app import create_app
-    from guided.server.connections import HeaderTimeoutProtocol
+    from guided.server.door import HeaderTimeoutProtocol
     from guided.serving.client import EngineClient
 
     _setup_logging(args.log_level)

@@ -1,13 +1,16 @@
-"""Checks at the door: what a request body brings is refused with a 400 naming the field before
-it can raise deep inside templating, tokenizing or a step, and what an error message echoes of
-the input is cut to a bounded size."""
+"""Checks at the door: a request body's bad input is a 400 naming the field before it can raise
+deep inside templating or a step; error messages echo the input cut to a bounded size; the
+--api-key check; and a deadline for a connection's request headers."""
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import re
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from guided.errors import InvalidRequestError
 from guided.server.streaming import ClientGone
@@ -81,3 +84,86 @@ async def read_json(request: Request):
         raise InvalidRequestError("the request body is nested too deeply") from None
     check_unicode(raw, value)
     return value
+
+
+OPEN_PATHS = frozenset({"/health"})  # load balancers and supervisors probe it without a key
+
+
+class ApiKeyMiddleware:
+    """--api-key: `Authorization: Bearer <key>` or a 401 with OpenAI's error body. A pure ASGI
+    middleware (no per-request task or body copy, so streams are untouched)."""
+
+    def __init__(self, app, api_key: str):
+        if not api_key:
+            raise ValueError("api_key must be a non-empty string")
+        self.app = app
+        self._key = api_key.encode("utf-8")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps({"error": {
+            "message": "a valid API key is required: send `Authorization: Bearer <key>`",
+            "type": "authentication_error", "param": None, "code": "invalid_api_key"}}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                # the key compared in constant time: its length and bytes leak nothing
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(),
+                                                                           self._key)
+        return False
+
+
+# uvicorn's keep-alive timer is cancelled by any byte received: a client trickling its headers a
+# byte at a time (slowloris) held a connection, and its memory, forever
+HEADER_TIMEOUT_S = 10.0
+
+
+class HeaderTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol (httptools' or h11's) with a header-read deadline."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None and self._in_request():
+            self._header_timer.cancel()  # the request's headers are in
+            self._header_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self._in_request():
+            self._arm_header_timer()  # the next request's headers have a deadline too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+    def _in_request(self) -> bool:
+        """Headers of a request were read and its response is not complete yet."""
+        cycle = getattr(self, "cycle", None)
+        return cycle is not None and not cycle.response_complete
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self._in_request() and not self.transport.is_closing():
+            self.transport.close()

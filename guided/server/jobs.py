@@ -11,7 +11,7 @@ from guided.params import SamplingParams
 from guided.server import protocol as P
 from guided.server.constraint_fields import constraint_kwargs  # noqa: F401 - re-exported
 from guided.server.reasoning import split_reasoning
-from guided.server.tool_output import ParsedCall, parse_output
+from guided.server.tool_output import parse_output
 from guided.server.tools import ToolPlan
 
 
@@ -71,16 +71,9 @@ def _message(plan: ToolPlan | None, out: RequestOutput, text: str
     content, calls = parse_output(plan, text) if plan else (text, None)
     reason = finish_reason(out, bool(calls))
     if calls and plan.legacy:
-        call = P.FunctionCallOut(name=calls[0].name, arguments=calls[0].arguments)
-        return P.ChatMessageOut(content=content or "", function_call=call), \
+        return P.ChatMessageOut(content=content or "", function_call=calls[0].function), \
             "function_call" if reason == "tool_calls" else reason
-    return P.ChatMessageOut(content=content, tool_calls=tool_calls_out(calls) if calls else None), \
-        reason
-
-
-def tool_calls_out(calls: list[ParsedCall]) -> list[P.ToolCallOut]:
-    return [P.ToolCallOut(id=c.id, function=P.FunctionCallOut(name=c.name, arguments=c.arguments))
-            for c in calls]
+    return P.ChatMessageOut(content=content, tool_calls=calls), reason
 
 
 def raise_if_error(out: RequestOutput) -> None:

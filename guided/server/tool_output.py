@@ -1,7 +1,13 @@
-"""The model's output -> OpenAI tool_calls: the call objects found in (possibly partial) output
-text, parsed whole (non-streaming) or as deltas (streaming): JSON-first output (the format
-guided/server/tools.py guarantees), or text with calls in a template's tag format
-(guided/server/tool_formats.py)."""
+"""Tool calls in the model's output: the formats of the model families we serve (chosen by the
+chat template), and the calls found in (possibly partial) output text, whole or as stream
+deltas: JSON-first output (tools.py) or text with calls in a template's format.
+
+| family            | a call in the model's output                                    |
+|-------------------|-----------------------------------------------------------------|
+| Hermes (Qwen, ..) | `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`  |
+| Llama 3.1+ JSON   | `{"name": "f", "parameters": {...}}`                            |
+| Mistral           | `[TOOL_CALLS][{"name": "f", "arguments": {...}}]`               |
+"""
 from __future__ import annotations
 
 import json
@@ -9,15 +15,52 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from guided.server import protocol as P
+
 if TYPE_CHECKING:
-    from guided.server.tool_formats import ToolFormat
     from guided.server.tools import ToolPlan
 
-ARGS_KEY = "parameters"  # a call's arguments in the model's output (see the module docstring)
+ARGS_KEY = "parameters"  # a call's arguments in JSON-first output
 CONTENT_KEY = "content"  # auto: a text answer
 
 
-# ---- output -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    name: str
+    markers: tuple[str, ...]  # any of these in the chat template: the family's format
+    trigger: str  # opens a call in free text; a prefix of begin
+    begin: str  # a call's text before the function name
+    args_field: str  # between the function name and the arguments
+    end: str  # after the arguments (its first character closes the call object)
+
+
+FORMATS = (  # the first whose marker is in the template wins: Mistral's mention <tool_call> too
+    ToolFormat("mistral", ("[TOOL_CALLS]",), "[TOOL_CALLS]", '[TOOL_CALLS][{"name": "',
+               '", "arguments": ', "}]"),
+    ToolFormat("hermes", ("<tool_call>",), "<tool_call>", '<tool_call>\n{"name": "',
+               '", "arguments": ', "}\n</tool_call>"),
+    ToolFormat("llama3", ("<|python_tag|>", '"parameters": '), '{"name": ', '{"name": "',
+               '", "parameters": ', "}"),
+)
+
+
+def detect_format(chat_template: str | None) -> ToolFormat | None:
+    """The tool-call format a chat template teaches its model; None: no known one."""
+    if not chat_template or "tools" not in chat_template:
+        return None
+    return next((f for f in FORMATS if any(m in chat_template for m in f.markers)), None)
+
+
+def auto_tag(fmt: ToolFormat, functions: list[dict[str, Any]], *, parallel: bool) -> str:
+    """The structural tag of tool_choice "auto": text, and calls in fmt (one call at most when
+    parallel tool calls are off)."""
+    tags = [{"type": "tag", "begin": fmt.begin + f["name"] + fmt.args_field,
+             "content": {"type": "json_schema", "json_schema": f["parameters"]},
+             "end": fmt.end} for f in functions]
+    return json.dumps({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags,
+        "stop_after_first": not parallel}}, ensure_ascii=False)
+
 
 @dataclass(slots=True)
 class CallSpan:
@@ -32,13 +75,8 @@ class CallSpan:
     complete: bool = False
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 def scan_calls(text: str) -> list[CallSpan]:
-    """The objects `{"name": ..., "parameters": ...}` (or `{"content": ...}`) in text, in order;
-    the last one may be partial. Array brackets, commas and whitespace between them are skipped."""
+    """The top-level objects in text (calls or `{"content": ...}`); the last may be partial."""
     calls: list[CallSpan] = []
     i, n = 0, len(text)
     while i < n:
@@ -84,6 +122,10 @@ def _scan_object(text: str, i: int) -> tuple[CallSpan, int]:
         if end is None:
             return span, n
         i = end
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -148,18 +190,10 @@ def _partial_string(raw: str) -> str:
     return ""
 
 
-@dataclass(slots=True)
-class ParsedCall:
-    id: str
-    name: str
-    arguments: str  # the JSON text of the arguments, as the model wrote it
-
-
 def tag_calls(fmt: ToolFormat, text: str, *, finished: bool = True
               ) -> tuple[str, list[CallSpan]]:
-    """auto in a tag format (tool_formats.py): the text outside the calls, and the calls, the
-    last one possibly partial. While not finished, a tail that may be the start of the trigger
-    is held back from the text until it is known."""
+    """auto in a tag format: the text outside the calls, and the calls (the last maybe partial).
+    While not finished, a tail that may start the trigger is held back from the text."""
     outside: list[str] = []
     spans: list[CallSpan] = []
     i = 0
@@ -193,7 +227,7 @@ def _trigger_prefix_len(text: str, trigger: str) -> int:
 
 
 def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
-    """Whether the output is tool calls, a text answer (auto's {"content": ...}), or unknown yet."""
+    """Tool calls, a text answer (auto's {"content": ...}), or None: not known yet."""
     if plan.json_output:
         return "tools"
     stripped = text.lstrip()
@@ -206,8 +240,7 @@ def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
 
 
 def content_text(text: str, span: CallSpan) -> str:
-    """auto's text answer so far: a string's decoded characters, or the JSON text of a value
-    that follows a response_format's schema."""
+    """auto's text answer so far: a string decoded, or the JSON text of a response_format's."""
     if span.content_start is None:
         return ""
     if text[span.content_start] != '"':
@@ -217,9 +250,9 @@ def content_text(text: str, span: CallSpan) -> str:
     return _partial_string(text[span.content_start + 1:raw_end])
 
 
-def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall] | None]:
-    """(content, tool calls) of a finished output. An output cut by max_tokens gives its
-    complete calls (content ""), or auto's text answer so far: never the call format's text."""
+def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[P.ToolCallOut] | None]:
+    """(content, tool calls) of a finished output. One cut by max_tokens gives its complete
+    calls (content ""), or auto's text answer so far: never the call format's text."""
     if plan.format is not None:
         outside, spans = tag_calls(plan.format, text)
         calls = complete_calls(text, spans)
@@ -232,9 +265,8 @@ def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ParsedCall
     return "", complete_calls(text, scan_calls(text)) or None
 
 
-def complete_calls(text: str, spans: list[CallSpan]) -> list[ParsedCall]:
-    """The calls up to the first one cut by max_tokens (a finished constrained output is
-    complete)."""
+def complete_calls(text: str, spans: list[CallSpan]) -> list[P.ToolCallOut]:
+    """The calls up to the first one cut by max_tokens."""
     calls = []
     for s in spans:
         if not (s.complete and s.name is not None and s.args_end is not None):
@@ -244,7 +276,8 @@ def complete_calls(text: str, spans: list[CallSpan]) -> list[ParsedCall]:
             json.loads(raw)
         except json.JSONDecodeError:
             break
-        calls.append(ParsedCall(new_call_id(), s.name, raw))
+        calls.append(P.ToolCallOut(id=new_call_id(), function=P.FunctionCallOut(
+            name=s.name, arguments=raw)))
     return calls
 
 
@@ -256,9 +289,8 @@ class StreamedCall:
 
 
 class ToolCallStreamer:
-    """Turns a growing output text into OpenAI deltas: content (auto's text answers, unwrapped)
-    or tool calls, whose first delta has the id and name (arguments "") and later ones the new
-    characters of the arguments."""
+    """A growing output text -> OpenAI deltas: content (auto's text answers, unwrapped) or tool
+    calls: the first delta has the id and name (arguments ""), later ones new arguments."""
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan

@@ -1,26 +1,11 @@
 """tools / tool_choice -> a constraint and a prompt; the model's output -> OpenAI tool_calls.
 
-The output is always JSON, guaranteed by a JSON-schema constraint (so a finished output always
-parses; only max_tokens can cut it):
-
-- a call is `{"name": <const>, "parameters": <that tool's parameters schema>}` (Llama 3.1's JSON
-  tool-call format: "name" sorts before "parameters", so the function is chosen before its
-  arguments even when the engine canonicalizes the schema with sorted keys);
-- tool_choice named: one call of that tool; "required": one call (anyOf over the tools), or
-  also a non-empty array of calls when parallel_tool_calls is true;
-- tool_choice "auto": anyOf [a call, (parallel: an array of calls,) `{"content": <text>}`]: the
-  model answers in text through the "content" object, which the server unwraps.
-
-Except tool_choice "auto" under a chat template that teaches a tool-call format (Hermes,
-Llama 3 JSON, Mistral: guided/server/tool_formats.py): free text, and calls in that format,
-constrained by a structural tag. JSON-first stays for templates without one (and beside a
-response_format): measured with SmolLM2-135M-Instruct (no tool training), free text with
-`<tool_call>` tags gave 0 of 6 calls on BFCL simple_python (the model always starts in prose),
-JSON-first 6 of 6 calls with the right function.
-
-Chat templates without tool support (SmolLM2's) get the tools rendered into the system prompt
-(`render_tools_prompt`), tool results as `<tool_response>` user turns and earlier assistant calls
-as their JSON; templates that mention `tools` get them natively.
+The output is JSON under a JSON-schema constraint: a call is `{"name": <const>, "parameters":
+{...}}` (Llama 3.1's format: "name" sorts first, so the function is chosen before its
+arguments); "auto" also admits `{"content": <text>}`, which the server unwraps. Under a chat
+template that teaches a tool-call format (tool_output.py), "auto" is free text with calls in
+that format instead. JSON-first stays elsewhere: SmolLM2-135M (no tool training) made 0 of 6
+BFCL calls with free text and `<tool_call>` tags, 6 of 6 JSON-first.
 """
 from __future__ import annotations
 
@@ -39,8 +24,7 @@ from guided.server.protocol import (
     Tool,
     ToolCall,
 )
-from guided.server.tool_formats import ToolFormat, auto_tag
-from guided.server.tool_output import ARGS_KEY, CONTENT_KEY
+from guided.server.tool_output import ARGS_KEY, CONTENT_KEY, ToolFormat, auto_tag
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 CONTENT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {CONTENT_KEY: {"type": "string"}},
@@ -61,17 +45,14 @@ class ToolPlan:
     format: ToolFormat | None = None  # auto in a template's tool-call format (structural tag)
 
     @property
-    def json_output(self) -> bool:
-        """required / named: the whole output is JSON (no tags)."""
+    def json_output(self) -> bool:  # required / named: the whole output is JSON
         return self.mode != "auto"
 
 
 def plan_request_tools(req: ChatCompletionRequest, tool_format: ToolFormat | None = None
                        ) -> ToolPlan | None:
-    """The tool plan of a chat request: `tools` / `tool_choice`, or the legacy `functions` /
-    `function_call` served as tools (one call at a time); a `response_format` beside tools
-    shapes auto's text answer (OpenAI accepts both: the model calls a tool or answers in that
-    format)."""
+    """`tools` / `tool_choice`, or the legacy `functions` / `function_call` as tools (one call
+    at a time); a `response_format` beside tools shapes auto's text answer, as OpenAI's does."""
     tools, tool_choice, parallel = req.tools, req.tool_choice, req.parallel_tool_calls
     if req.functions is not None:
         if tools:
@@ -113,9 +94,8 @@ def _content_schema(response_format) -> dict[str, Any] | None:
 def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool = True, *,
                content_schema: dict[str, Any] | None = None,
                tool_format: ToolFormat | None = None) -> ToolPlan | None:
-    """None when no tool can be called (no tools, or tool_choice "none"). `content_schema`:
-    the JSON schema of auto's text answer (a response_format), else free text. `tool_format`:
-    the chat template's tool-call format, which auto's calls then take."""
+    """None when no tool can be called. `content_schema`: auto's text answer's schema (else
+    free text); `tool_format`: the template's tool-call format, which auto's calls then take."""
     if isinstance(tool_choice, NamedToolChoice):
         if not tools:
             raise InvalidRequestError("tool_choice names a function but no tools were given",
@@ -131,24 +111,24 @@ def plan_tools(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool 
     if not tools or tool_choice == "none":
         return None
     functions = [_function(t, i) for i, t in enumerate(tools)]
-    seen: set[str] = set()
-    for f in functions:
-        if f["name"] in seen:
-            raise InvalidRequestError(f"duplicate tool name {f['name']!r}", param="tools")
-        seen.add(f["name"])
+    names = [f["name"] for f in functions]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise InvalidRequestError(f"duplicate tool name {dup!r}", param="tools")
     if isinstance(tool_choice, NamedToolChoice):
         chosen = [f for f in functions if f["name"] == tool_choice.function.name]
         return ToolPlan("named", chosen, False,
-                        {"json_schema": _calls_schema(chosen, parallel=False)})
+                        {"json_schema": calls_schema(chosen, parallel=False)})
     if tool_choice == "required":
         return ToolPlan("required", functions, parallel_tool_calls,
-                        {"json_schema": required_schema(functions, parallel=parallel_tool_calls)})
+                        {"json_schema": calls_schema(functions, parallel=parallel_tool_calls)})
     if tool_format is not None and content_schema is None:
         closed = [{**f, "parameters": closed_objects(f["parameters"])} for f in functions]
         return ToolPlan("auto", functions, parallel_tool_calls, {"structural_tag": auto_tag(
             tool_format, closed, parallel=parallel_tool_calls)}, format=tool_format)
-    return ToolPlan("auto", functions, parallel_tool_calls, {"json_schema": auto_schema(
-        functions, parallel=parallel_tool_calls, content_schema=content_schema)})
+    return ToolPlan("auto", functions, parallel_tool_calls, {"json_schema": calls_schema(
+        functions, parallel=parallel_tool_calls, content_schema=content_schema,
+        with_content=True)})
 
 
 def _function(tool: Tool, index: int) -> dict[str, Any]:
@@ -183,9 +163,8 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 
 
 def closed_objects(schema: Any) -> Any:
-    """A copy where objects with declared properties admit no others (OpenAI's strict function
-    calling). Stricter than the tool's schema, never looser: every call still validates, and a
-    small model cannot wander off into invented arguments until max_tokens."""
+    """A copy where objects with declared properties admit no others (OpenAI's strict mode):
+    never looser, and a small model cannot invent arguments until max_tokens."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -203,34 +182,25 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
-def call_schema(function: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One call object; `defs` collects the root `$defs` that its parameters' references need
-    (see `parameters_schema`)."""
-    params = closed_objects(function["parameters"])
-    if defs is not None and _has_ref(params):
-        params = parameters_schema(params, f"{function['name']}.parameters", defs)
+def call_schema(function: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One call object; `defs` collects the root `$defs` its parameters' references need."""
+    params = moved_refs(closed_objects(function["parameters"]),
+                        f"{function['name']}.parameters", defs)
     return {"type": "object",
             "properties": {"name": {"type": "string", "const": function["name"]},
                            ARGS_KEY: params},
             "required": ["name", ARGS_KEY], "additionalProperties": False}
 
 
-def _has_ref(schema: Any) -> bool:
-    if isinstance(schema, dict):
-        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
-    if isinstance(schema, list):
-        return any(_has_ref(v) for v in schema)
-    return False
-
-
-def parameters_schema(params: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """A tool's parameters with their `$ref`s made to resolve where they now sit, inside a call
-    inside the request's schema: a reference of the parameters is relative to the parameters
-    object (as when the same schema is a response_format), so `#/<path>` becomes
-    `#/$defs/<key>/<path>` and the parameters are also placed at the root's `$defs[key]`."""
+def moved_refs(params: Any, key: str, defs: dict[str, Any]) -> Any:
+    """params as a subschema of the request's schema: where it has local references (relative
+    to params, as in a response_format), it is placed at the root's `$defs[key]` and each
+    `#/<path>` becomes `#/$defs/<key>/<path>`; else unchanged."""
     prefix = "#/$defs/" + key.replace("~", "~0").replace("/", "~1")
+    found = False
 
     def moved(node: Any) -> Any:
+        nonlocal found
         if isinstance(node, list):
             return [moved(v) for v in node]
         if not isinstance(node, dict):
@@ -238,57 +208,36 @@ def parameters_schema(params: dict[str, Any], key: str, defs: dict[str, Any]) ->
         out = {k: moved(v) for k, v in node.items()}
         ref = node.get("$ref")
         if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            out["$ref"] = prefix + ref[1:]
+            out["$ref"], found = prefix + ref[1:], True
         return out
 
-    rewritten = moved(params)
-    defs[key] = rewritten
-    return rewritten
+    out = moved(params)
+    if not found:
+        return params
+    defs[key] = out
+    return out
 
 
-def _with_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "$defs": defs} if defs else schema
-
-
-def _calls_schema(functions: list[dict[str, Any]], *, parallel: bool,
-                  defs: dict[str, Any] | None = None) -> dict[str, Any]:
-    own = {} if defs is None else defs
-    calls = [call_schema(f, own) for f in functions]
-    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {"type": "array", "items": one, "minItems": 1} if parallel else one
-    return schema if defs is not None else _with_defs(schema, own)
-
-
-def required_schema(functions: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
-    """One call, or (parallel) also an array of calls. A lone call stays an option beside the
-    array: forced to open an array, SmolLM2-135M repeated its call until max_tokens (up to the
-    whole context) where, given the choice, it writes one call and stops."""
-    if not parallel:
-        return _calls_schema(functions, parallel=False)
+def calls_schema(functions: list[dict[str, Any]], *, parallel: bool,
+                 content_schema: dict[str, Any] | None = None,
+                 with_content: bool = False) -> dict[str, Any]:
+    """One call of any of `functions`; parallel: also a non-empty array of calls (a lone call
+    stays an option: forced to open an array, SmolLM2-135M repeated its call until max_tokens);
+    with_content: also a text answer `{"content": ...}`, a string or (content_schema, a
+    response_format) a JSON value."""
     defs: dict[str, Any] = {}
-    return _with_defs({"anyOf": _call_options(functions, parallel=True, defs=defs)}, defs)
-
-
-def _call_options(functions: list[dict[str, Any]], *, parallel: bool,
-                  defs: dict[str, Any]) -> list[dict[str, Any]]:
     options = [call_schema(f, defs) for f in functions]
     if parallel:
-        options.append(_calls_schema(functions, parallel=True, defs=defs))
-    return options
-
-
-def auto_schema(functions: list[dict[str, Any]], *, parallel: bool,
-                content_schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Calls or a text answer `{"content": ...}`: a string, or a JSON value following
-    content_schema (a response_format: the server returns its JSON text as the content)."""
-    defs: dict[str, Any] = {}
-    options = _call_options(functions, parallel=parallel, defs=defs)
-    content = CONTENT_SCHEMA
-    if content_schema is not None:
-        if _has_ref(content_schema):
-            content_schema = parameters_schema(content_schema, "response_format", defs)
-        content = {**CONTENT_SCHEMA, "properties": {CONTENT_KEY: content_schema}}
-    return _with_defs({"anyOf": [*options, content]}, defs)
+        items = options[0] if len(options) == 1 else {"anyOf": list(options)}
+        options.append({"type": "array", "items": items, "minItems": 1})
+    if with_content:
+        content = CONTENT_SCHEMA
+        if content_schema is not None:
+            content = {**CONTENT_SCHEMA, "properties": {
+                CONTENT_KEY: moved_refs(content_schema, "response_format", defs)}}
+        options.append(content)
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 # ---- prompt -------------------------------------------------------------------------------------
@@ -317,9 +266,8 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tok
 
 def template_kwargs(req: ChatCompletionRequest, plan: ToolPlan | None, *,
                     native_tools: bool) -> dict[str, Any]:
-    """Keyword arguments of tokenizer.apply_chat_template: the tools (templates that render
-    them) and the client's chat_template_kwargs (e.g. enable_thinking), which may also turn
-    add_generation_prompt off."""
+    """apply_chat_template's kwargs: the tools (templates that render them) and the client's
+    chat_template_kwargs (e.g. enable_thinking; add_generation_prompt may be turned off)."""
     kwargs: dict[str, Any] = {"add_generation_prompt": True}
     if plan is not None and native_tools:
         kwargs["tools"] = [{"type": "function", "function": f} for f in plan.functions]
@@ -329,10 +277,6 @@ def template_kwargs(req: ChatCompletionRequest, plan: ToolPlan | None, *,
                                       param=f"chat_template_kwargs.{key}")
         kwargs[key] = value
     return kwargs
-
-
-def template_supports_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tools" in chat_template
 
 
 def build_messages(messages: list[ChatMessage], plan: ToolPlan | None, *,

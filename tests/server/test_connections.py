@@ -9,7 +9,7 @@ import time
 import pytest
 import uvicorn
 
-from guided.server.connections import HeaderTimeoutProtocol
+from guided.server.door import HeaderTimeoutProtocol
 
 TIMEOUT_S = 0.5
 

@@ -12,8 +12,13 @@ import pytest
 from guided.fsm.backends.xgrammar_backend import Recipe, grammar_of
 from guided.fsm.structural_tags import checked_structural_tag
 from guided.server.protocol import NamedToolChoice, Tool
-from guided.server.tool_formats import FORMATS, detect_format
-from guided.server.tool_output import ToolCallStreamer, parse_output, tag_calls
+from guided.server.tool_output import (
+    FORMATS,
+    ToolCallStreamer,
+    detect_format,
+    parse_output,
+    tag_calls,
+)
 from guided.server.tools import plan_tools
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -83,14 +88,14 @@ def test_parse_text_and_calls(name):
             + call_text(fmt, "f", {"a": 2}))
     content, calls = parse_output(plan, text)
     assert content == "Let me look."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Rome"}), ("f", {"a": 2})]
     for c in calls:
-        jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
     assert parse_output(plan, "Just text.") == ("Just text.", None)
     cut = text[:-(len(fmt.end) + 3)]  # the second call cut by max_tokens: the first one only
     content, calls = parse_output(plan, cut)
-    assert content == "Let me look." and [c.name for c in calls] == ["get_weather"]
+    assert content == "Let me look." and [c.function.name for c in calls] == ["get_weather"]
 
 
 @pytest.mark.parametrize("name", ["hermes", "llama3", "mistral"])
@@ -119,4 +124,4 @@ def test_streamed_deltas_join_to_the_final_message(name):
     assert content == "Ok then "
     final = parse_output(plan, text)[1]
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.name, c.arguments) for c in final]
+        (c.function.name, c.function.arguments) for c in final]

@@ -126,11 +126,11 @@ def test_parse_auto_text_and_calls():
     assert parse_output(plan, '{"content": "Just text {not a call} \\u00e9"}') == (
         "Just text {not a call} \u00e9", None)
     content, calls = parse_output(plan, AUTO_TWO)
-    assert content == "" and [c.name for c in calls] == ["get_weather", "add"]
-    assert json.loads(calls[1].arguments) == {"a": 1, "b": 2}
+    assert content == "" and [c.function.name for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[1].function.arguments) == {"a": 1, "b": 2}
     assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
     _, [call] = parse_output(plan, '{"name": "add", "parameters": {"a": 1, "b": 2}}')
-    assert call.name == "add"
+    assert call.function.name == "add"
     assert parse_output(plan, '{"content": "cut sho') == ("cut sho", None)
 
 
@@ -139,14 +139,15 @@ def test_parse_json_forms_and_truncation():
     text = '[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "get_weather", ' \
            '"parameters": {"city": "a \\"quoted\\" {city}"}}]'
     _, calls = parse_output(plan, text)
-    assert json.loads(calls[1].arguments) == {"city": 'a "quoted" {city}'}
+    assert json.loads(calls[1].function.arguments) == {"city": 'a "quoted" {city}'}
     # cut by max_tokens: the complete calls, never the call format's text
     assert parse_output(plan, text[:30]) == ("", None)
     content, [call] = parse_output(plan, text[:60])
-    assert content == "" and call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2}
+    assert content == "" and call.function.name == "add"
+    assert json.loads(call.function.arguments) == {"a": 1, "b": 2}
     named_plan = plan_tools(TOOLS, named("add"))
     _, [call] = parse_output(named_plan, '{ "name" : "add" , "parameters" : {"a":1,"b":2} }')
-    assert call.arguments == '{"a":1,"b":2}'
+    assert call.function.arguments == '{"a":1,"b":2}'
 
 
 def test_scan_calls_partial():
@@ -172,8 +173,8 @@ def test_streamed_arguments_join_to_the_final_ones(text, plan_args):
                 assert d["id"].startswith("call_")
             args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
     _, final = parse_output(plan, text)
-    assert [names[i] for i in sorted(names)] == [c.name for c in final]
-    assert [args[i] for i in sorted(args)] == [c.arguments for c in final]
+    assert [names[i] for i in sorted(names)] == [c.function.name for c in final]
+    assert [args[i] for i in sorted(args)] == [c.function.arguments for c in final]
 
 
 def test_build_messages_renders_tools_without_native_support():

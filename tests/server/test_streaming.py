@@ -6,7 +6,7 @@ import json
 import pytest
 
 from guided.server import protocol as P
-from guided.server.sse import ChunkFrame, sse
+from guided.server.streaming import ChunkFrame, sse
 
 TEXTS = ["", "a", "héllo wörld 😀", 'quote " backslash \\ slash /', "new\nline\ttab\r",
          "\x00\x01\x1f control", "\u2028\u2029 separators", "</script>", "{\"json\": [1, 2]}",

@@ -1,8 +1,8 @@
-"""server/logprobs.py: tokens' bytes and text as OpenAI shows them, and logprobs of choices."""
+"""server/responses.py: tokens' bytes and text as OpenAI shows them, and logprobs of choices."""
 from __future__ import annotations
 
 from guided.outputs import TokenLogprob
-from guided.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from guided.server.responses import TokenTexts, chat_logprobs, completion_logprobs
 
 
 class _Tok:
