@@ -1,12 +1,8 @@
 """Admission control: at most `capacity` engine requests (choices) in flight; the rest wait in a
-FIFO here, bounded by count and by expected wait, each for at most QUEUE_TIMEOUT_S. What does not
-fit is a 429 with Retry-After at once (what OpenAI and vLLM clients retry as rate limiting; a 503
-stays for an engine that is down and for compile timeouts), never a request left to time out at
-its client (200 clients on the CPU: all admitted, 171 timed out).
-
-The expected wait of a newcomer is (choices ahead of it in the queue) x (the recent mean time a
-choice holds its slot) / capacity: past QUEUE_TIMEOUT_S it would time out anyway, so it is
-refused now, with that estimate as its Retry-After."""
+FIFO here, each for at most QUEUE_TIMEOUT_S. What does not fit, by count or by expected wait
+((choices queued ahead) x (mean time a choice holds its slot) / capacity), is a 429 with
+Retry-After at once, never a request left to time out at its client (200 clients on the CPU:
+all admitted, 171 timed out). A 503 stays for an engine that is down and compile timeouts."""
 from __future__ import annotations
 
 import asyncio
@@ -32,13 +28,13 @@ _HOLD_WEIGHT = 0.1
 
 def capacity_for(device: str, max_num_seqs: int, num_cpus: int = NUM_CPUS) -> int:
     """Engine requests admitted at once: max_num_seqs, on the CPU at most CPU_REQUESTS_PER_CORE
-    per core (the rest queue here, or get a quick 429)."""
+    per core."""
     return min(max_num_seqs, CPU_REQUESTS_PER_CORE * num_cpus) if device == "cpu" \
         else max_num_seqs
 
 
 class QueueFullError(OverloadedError):
-    """The admission queue is full or its wait too long: a 429, retry after retry_after_s."""
+    """A 429: the admission queue is full or its wait too long."""
 
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)
@@ -77,7 +73,7 @@ class Slot:
 
 
 class Admission:
-    """The server's gate in front of the engine (one per server; event loop only)."""
+    """The server's gate in front of the engine (event loop only)."""
 
     def __init__(self, capacity: int, max_waiting: int, *,
                  queue_timeout_s: float = QUEUE_TIMEOUT_S):
@@ -86,35 +82,30 @@ class Admission:
         self.queue_timeout_s = queue_timeout_s
         self.in_flight = 0  # engine requests holding a slot
         self._queue: deque[tuple[int, asyncio.Future]] = deque()  # (size, woken when admitted)
-        self._num_waiting = 0  # engine requests in the queue
+        self.num_waiting = 0  # engine requests in the queue
         self._mean_hold_s: float | None = None
-
-    @property
-    def num_waiting(self) -> int:
-        return self._num_waiting
 
     def expected_wait_s(self, ahead: int) -> float:
         """A newcomer's wait behind `ahead` queued engine requests (0 before any finished)."""
         return (ahead + 1) * (self._mean_hold_s or 0.0) / self.capacity
 
     async def enter(self, size: int) -> Slot:
-        """A slot for `size` engine requests, after waiting in the queue if need be; a
-        QueueFullError where the queue is full, its expected wait too long, or the wait ran
-        past queue_timeout_s. Cancelling the caller leaves the queue."""
+        """A slot for `size` engine requests, after queueing if need be (QueueFullError where the
+        queue is full, its expected wait too long, or the wait timed out)."""
         if not self._queue and (not self.in_flight or self.in_flight + size <= self.capacity):
             return self._take(size)
-        if self._num_waiting + size > self.max_waiting:
-            raise QueueFullError(f"{self._num_waiting} requests are queued (the limit is "
+        if self.num_waiting + size > self.max_waiting:
+            raise QueueFullError(f"{self.num_waiting} requests are queued (the limit is "
                                  f"{self.max_waiting}); retry later",
-                                 self.expected_wait_s(self._num_waiting))
-        wait = self.expected_wait_s(self._num_waiting)
+                                 self.expected_wait_s(self.num_waiting))
+        wait = self.expected_wait_s(self.num_waiting)
         if wait > self.queue_timeout_s:
             raise QueueFullError(f"the server is busy: the expected wait is ~{wait:.0f} s",
                                  wait)
         admitted = asyncio.get_running_loop().create_future()
         entry = (size, admitted)
         self._queue.append(entry)
-        self._num_waiting += size
+        self.num_waiting += size
         try:
             await asyncio.wait_for(asyncio.shield(admitted), self.queue_timeout_s)
         except BaseException as e:  # timed out, or the caller was cancelled
@@ -122,7 +113,7 @@ class Admission:
                 admitted.result().release()
             else:
                 self._queue.remove(entry)
-                self._num_waiting -= size
+                self.num_waiting -= size
                 admitted.cancel()
                 self._wake()  # a large request at the head may have held up smaller ones
             if isinstance(e, asyncio.TimeoutError):
@@ -142,14 +133,14 @@ class Admission:
         self._wake()
 
     def _wake(self) -> None:
-        """Admit from the head of the queue while there is room (FIFO: a large request at
-        the head is not overtaken; one larger than the capacity enters an empty engine)."""
+        """Admit from the head while there is room (FIFO: a large request is not overtaken; one
+        larger than the capacity enters an empty engine)."""
         while self._queue:
             size, admitted = self._queue[0]
             if self.in_flight and self.in_flight + size > self.capacity:
                 return
             self._queue.popleft()
-            self._num_waiting -= size
+            self.num_waiting -= size
             admitted.set_result(self._take(size))
 
 
@@ -162,7 +153,6 @@ async def _holding(body: AsyncIterator[str], slot: Slot) -> AsyncIterator[str]:
 
 
 def register_metrics(admission: Admission, registry) -> None:
-    """The queue's gauges on a prometheus registry (/metrics)."""
     from prometheus_client import Gauge
 
     Gauge("guided_requests_queued", "Engine requests waiting in the server's admission queue",

@@ -20,6 +20,7 @@ from guided.errors import (
 from guided.fsm.compiler import quick_problem
 from guided.outputs import RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
+from guided.server import door, jobs, streaming
 from guided.server import protocol as P
 from guided.server.admission import (
     Admission,
@@ -27,31 +28,9 @@ from guided.server.admission import (
     capacity_for,
     register_metrics,
 )
-from guided.server.constraint_fields import sampling_extras
-from guided.server.door import MAX_BODY_BYTES, ApiKeyMiddleware, BodyTooLarge, clip, read_json
-from guided.server.jobs import (
-    Job,
-    ModelNotFound,
-    constraint_kwargs,
-    empty_output,
-    model_id,
-    new_id,
-    raise_if_error,
-)
+from guided.server.constraint_fields import constraint_kwargs, sampling_extras
 from guided.server.metrics import CONTENT_TYPE, ServerMetrics
 from guided.server.native_routes import add_native_routes
-from guided.server.prompting import PromptWork, chat_chars, completion_chars
-from guided.server.reasoning import PARSERS, thinks, wrap_constraint
-from guided.server.responses import TokenTexts, chat_response, completion_response
-from guided.server.sglang_routes import add_sglang_routes
-from guided.server.streaming import (
-    ClientGone,
-    abort_all,
-    chat_stream,
-    completion_stream,
-    sse_response,
-    unless_disconnected,
-)
 from guided.server.tool_output import detect_format
 from guided.server.tools import (
     ToolPlan,
@@ -72,8 +51,9 @@ def include_usage(req) -> bool:
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
                    param: str | None = None, code: str | int | None = None,
                    retry_after_s: int | None = None) -> JSONResponse:
-    return JSONResponse(P.error_body(clip(message), type=type, param=param and clip(param, 200),
-                                     code=code), status_code=status,
+    body = P.error_body(door.clip(message), type=type, param=param and door.clip(param, 200),
+                        code=code)
+    return JSONResponse(body, status_code=status,
                         headers={"Retry-After": str(retry_after_s)} if retry_after_s else None)
 
 
@@ -81,11 +61,11 @@ class Server:
     def __init__(self, engine: EngineClient, *, served_model_name: str | None = None,
                  reasoning_parser: str | None = None, chat_template: str | None = None):
         self.engine = engine
-        if reasoning_parser is not None and reasoning_parser not in PARSERS:
-            raise ValueError(f"reasoning_parser must be one of {PARSERS}")
+        if reasoning_parser is not None and reasoning_parser not in jobs.PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {jobs.PARSERS}")
         self.reasoning = reasoning_parser is not None
         core = engine.engine
-        self.model_name = served_model_name or model_id(core.model_name)
+        self.model_name = served_model_name or jobs.model_id(core.model_name)
         self.accepted_models = {self.model_name, "default", str(core.config.model),
                                 str(core.model_name)}
         self.max_model_len = core.max_model_len
@@ -93,8 +73,8 @@ class Server:
         # holds: it could never be admitted whole (a 400, not a 503 to retry).
         self.max_choices = core.config.max_waiting_requests
         self.tokenizer = core.tokenizer  # the server's own: it came over the engine's pipe
-        self.texts = TokenTexts(self.tokenizer)
-        self.prompts = PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
+        self.texts = jobs.TokenTexts(self.tokenizer)
+        self.prompts = door.PromptWork(self.tokenizer, self.max_model_len)  # templates, tokenizes
         # the engine runs max_num_seqs at once: more would only share its steps thinner
         capacity = capacity_for(core.device, core.config.max_num_seqs)
         self.admission = Admission(capacity, max_waiting=min(self.max_choices, 4 * capacity))
@@ -116,7 +96,7 @@ class Server:
 
     def check_model(self, model: str) -> None:
         if model not in self.accepted_models:
-            raise ModelNotFound(f"The model `{model}` does not exist; this server serves "
+            raise jobs.ModelNotFound(f"The model `{model}` does not exist; this server serves "
                                 f"`{self.model_name}` (also reachable as `default`).")
 
     def chat_prompt(self, req: P.ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
@@ -131,18 +111,18 @@ class Server:
                                       param="messages") from None
         return self.tokenizer.encode(text, add_special_tokens=False), plan
 
-    def chat_job(self, req: P.ChatCompletionRequest) -> Job:
+    def chat_job(self, req: P.ChatCompletionRequest) -> jobs.Job:
         self.check_model(req.model)
         ids, plan = self.chat_prompt(req)
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
-        job = Job(new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
-                  reasoning=self.reasoning and thinks(req))
+        job = jobs.Job(jobs.new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
+                  reasoning=self.reasoning and jobs.thinks(req))
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         self._quick_check(job)
         return job
 
-    def completion_job(self, req: P.CompletionRequest) -> Job:
+    def completion_job(self, req: P.CompletionRequest) -> jobs.Job:
         self.check_model(req.model)
         if req.suffix:
             raise InvalidRequestError("suffix is not supported", param="suffix")
@@ -152,7 +132,7 @@ class Server:
                 f"{len(prompts)} prompts x n={req.n} is more than the {self.max_choices} "
                 "requests this server queues at once (max_waiting_requests)", param="prompt")
         num_top = req.logprobs or 0
-        job = Job(new_id("cmpl"), self.model_name, [], [], [], None, num_top)
+        job = jobs.Job(jobs.new_id("cmpl"), self.model_name, [], [], [], None, num_top)
         for k, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 ids = self.tokenizer.encode(prompt)
@@ -166,7 +146,7 @@ class Server:
         return job
 
     @staticmethod
-    def _quick_check(job: Job) -> None:
+    def _quick_check(job: jobs.Job) -> None:
         """A short regex or grammar that can never end (or matches nothing) is a 400 here, on
         the prompt thread, before the request queues for admission and the engine."""
         spec = job.params[0].constraint if job.params else None
@@ -180,8 +160,8 @@ class Server:
         except Exception:  # noqa: BLE001 - out-of-vocab ids: the engine rejects them next
             return ""
 
-    def _add_choices(self, job: Job, req, k: int, logprobs: int | None, tool_constraint: dict,
-                     prompt_param: str) -> None:
+    def _add_choices(self, job: jobs.Job, req, k: int, logprobs: int | None,
+                     tool_constraint: dict, prompt_param: str) -> None:
         ids = job.prompts[k]
         if not ids:
             raise InvalidRequestError("the prompt is empty", param=prompt_param)
@@ -204,7 +184,7 @@ class Server:
                 "once (max_waiting_requests)", param="n")
         job.constraint_param, constraint = constraint_kwargs(req, tool_constraint)
         if job.reasoning:  # the constraint holds after the think section
-            constraint = wrap_constraint(constraint, self._decode(ids[-8:]))
+            constraint = jobs.wrap_constraint(constraint, self._decode(ids[-8:]))
         for i in range(req.n):
             job.params.append(SamplingParams(
                 max_tokens=max_tokens,
@@ -224,7 +204,7 @@ class Server:
 
     # ---- running jobs ----------------------------------------------------------------------
 
-    async def start(self, job: Job) -> list[RequestStream]:
+    async def start(self, job: jobs.Job) -> list[RequestStream]:
         """Compile the constraint (a bad one: ConstraintError, a 400) and add every choice."""
         try:
             spec = job.params[0].constraint
@@ -251,13 +231,13 @@ class Server:
         streams = [r for r in results if isinstance(r, RequestStream)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            abort_all(streams)
+            streaming.abort_all(streams)
             raise errors[0]
         logger.debug("%s: %d choice(s), prompt tokens %s", job.request_id, len(job.params),
                      [len(p) for p in job.prompts])
         return streams
 
-    async def finals(self, job: Job, streams: list[RequestStream]) -> list[RequestOutput]:
+    async def finals(self, job: jobs.Job, streams: list[RequestStream]) -> list[RequestOutput]:
         """The finished output of every choice (choices with max_tokens 0 have no stream)."""
         async def last(stream: RequestStream) -> RequestOutput:
             out = None
@@ -271,11 +251,11 @@ class Server:
         try:
             results = iter(await asyncio.gather(*(last(s) for s in streams)))
         finally:
-            abort_all(streams)
-        outs = [empty_output(job, i) if p.max_tokens == 0 else next(results)
+            streaming.abort_all(streams)
+        outs = [jobs.empty_output(job, i) if p.max_tokens == 0 else next(results)
                 for i, p in enumerate(job.params)]
         for out in outs:
-            raise_if_error(out)
+            jobs.raise_if_error(out)
         return outs
 
 
@@ -296,7 +276,7 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
     app = FastAPI(title="guided", lifespan=lifespan)
     app.state.server = server
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(door.ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -304,18 +284,18 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
 
     async def handle(request: Request, model: type, run) -> Response:
         try:
-            req, unknown = P.parse_request(model, await read_json(request))
+            req, unknown = P.parse_request(model, await door.read_json(request))
             if unknown:
                 logger.debug("ignoring unknown field(s) %s", unknown)
             return await run(request, req)
-        except ModelNotFound as e:
+        except jobs.ModelNotFound as e:
             return error_response(404, str(e), param="model", code="model_not_found")
         except InvalidRequestError as e:
             code = "invalid_constraint" if isinstance(e, ConstraintError) else None
             return error_response(400, str(e), param=e.param, code=code)
-        except BodyTooLarge:
-            return error_response(413, f"the request body is larger than {MAX_BODY_BYTES} bytes",
-                                  code=413)
+        except door.BodyTooLarge:
+            return error_response(
+                413, f"the request body is larger than {door.MAX_BODY_BYTES} bytes", code=413)
         except RecursionError:  # a pathologically nested value inside a valid body
             return error_response(400, "the request is nested too deeply")
         except QueueFullError as e:  # what OpenAI and vLLM clients retry as rate limiting
@@ -324,40 +304,42 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
         except OverloadedError as e:  # the engine restarting, a compile timeout
             return error_response(503, str(e), type="server_error", code="overloaded",
                                   retry_after_s=e.retry_after_s)
-        except ClientGone:
+        except streaming.ClientGone:
             return Response(status_code=499)
         except Exception as e:
             logger.exception("internal error while serving %s", request.url.path)
             return error_response(500, f"internal error: {type(e).__name__}: {e}",
                                   type="internal_error", code=500)
 
-    async def run(request: Request, req, job: Job, stream, respond) -> Response:
+    async def run(request: Request, req, job: jobs.Job, stream, respond) -> Response:
         """Admit the job, then a stream (`stream(streams)`) or a body (`respond(outputs)`)."""
-        slot = await unless_disconnected(request, server.admission.enter(len(job.params)))
+        slot = await streaming.unless_disconnected(request, server.admission.enter(len(job.params)))
         with slot.held():
             if req.stream:
-                streams = await unless_disconnected(request, server.start(job))
-                return sse_response(slot.keep(stream(streams)), streams)
+                streams = await streaming.unless_disconnected(request, server.start(job))
+                return streaming.sse_response(slot.keep(stream(streams)), streams)
 
             async def finish():
                 return respond(await server.finals(job, await server.start(job)))
 
-            response = await unless_disconnected(request, finish())
+            response = await streaming.unless_disconnected(request, finish())
         return JSONResponse(response.model_dump(exclude_none=True))
 
     async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
-        server.prompts.check_chars(chat_chars(req), "messages")
+        server.prompts.check_chars(door.chat_chars(req), "messages")
         job = await server.prompts.run(server.chat_job, req)
         return await run(request, req, job,
-                         lambda s: chat_stream(server, job, s, include_usage(req)),
-                         lambda outs: chat_response(job, outs, server.texts))
+                         lambda s: streaming.chat_stream(server, job, s, include_usage(req)),
+                         lambda outs: jobs.chat_response(job, outs, server.texts))
 
     async def run_completion(request: Request, req: P.CompletionRequest) -> Response:
-        server.prompts.check_chars(completion_chars(req), "prompt")
+        server.prompts.check_chars(door.completion_chars(req), "prompt")
         job = await server.prompts.run(server.completion_job, req)
-        return await run(request, req, job, lambda s: completion_stream(
-            server, job, s, req.echo, include_usage(req)), lambda outs: completion_response(
-            job, outs, server.texts, echo=req.echo))
+        return await run(request, req, job,
+                         lambda s: streaming.completion_stream(server, job, s, req.echo,
+                                                               include_usage(req)),
+                         lambda outs: jobs.completion_response(job, outs, server.texts,
+                                                               echo=req.echo))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -368,7 +350,6 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
         return await handle(request, P.CompletionRequest, run_completion)
 
     add_native_routes(app, server, handle)
-    add_sglang_routes(app, server, handle)
 
     @app.get("/v1/models")
     async def models() -> Response:

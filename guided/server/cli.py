@@ -14,10 +14,6 @@ from guided.config import EngineConfig
 
 logger = logging.getLogger("guided.server")
 
-# EngineConfig fields that the CLI spells out itself (with its own help) instead of generically.
-_OWN_FLAGS = {"model"}
-
-
 def _parse_optional(kind):
     def parse(text: str):
         return None if text.lower() in ("none", "null", "") else kind(text)
@@ -32,7 +28,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, skip: frozenset[str] = fro
     group.add_argument("--model", default=None,
                        help=EngineConfig.__dataclass_fields__["model"].metadata["help"])
     for f in dataclasses.fields(EngineConfig):
-        if f.name in _OWN_FLAGS or f.name in skip:
+        if f.name == "model" or f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
         type_text = str(f.type)
@@ -161,9 +157,8 @@ def _draining_server(config, engine, drain_timeout: float):
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
-        """uvicorn's server that, on SIGTERM / SIGINT, drains the engine while it waits for
-        connections: in-flight requests finish, or end with finish_reason "abort" at the drain
-        deadline, so every stream closes properly and the process exits 0."""
+        """On SIGTERM / SIGINT, drains the engine while uvicorn waits for connections: requests
+        finish, or end with finish_reason "abort" at the deadline, and the process exits 0."""
 
         def __init__(self, config, engine, drain_timeout: float):
             super().__init__(config)
@@ -184,17 +179,12 @@ def _draining_server(config, engine, drain_timeout: float):
     return DrainingServer(config, engine, drain_timeout)
 
 
-def _log_startup(core, url: str) -> None:
-    stats = core.stats()
-    config = core.config
-    runner = getattr(core, "runner", None)
-    device = getattr(core, "device", None) or getattr(runner, "device", config.device)
-    dtype = getattr(core, "dtype", None) or str(getattr(runner, "dtype", config.dtype))
-    dtype = dtype.removeprefix("torch.")
-    logger.info("model %s (%s) on %s, dtype %s", core.model_name, config.model, device, dtype)
+def _log_startup(info, url: str) -> None:
+    config, blocks = info.config, info.initial_stats.kv_blocks_total
+    logger.info("model %s (%s) on %s, dtype %s", info.model_name, config.model, info.device,
+                info.dtype.removeprefix("torch."))
     logger.info("KV cache: %d blocks x %d tokens = %d tokens; max_model_len %d; max_num_seqs %d",
-                stats.kv_blocks_total, config.block_size,
-                stats.kv_blocks_total * config.block_size, core.max_model_len,
+                blocks, config.block_size, blocks * config.block_size, info.max_model_len,
                 config.max_num_seqs)
     logger.info("serving on %s (OpenAI API at %s/v1)", url, url)
 
@@ -228,8 +218,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _constraint(args: argparse.Namespace) -> dict:
-    """SamplingParams' constraint kwargs from the flags; a file that is missing or not JSON:
-    OSError / ValueError with the path in the message."""
+    """SamplingParams' constraint kwargs from the flags (a bad file: OSError / ValueError)."""
     if args.json_schema:
         try:
             return {"json_schema": json.loads(Path(args.json_schema).read_text())}

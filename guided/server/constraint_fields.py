@@ -1,13 +1,9 @@
-"""Every constraint field name clients of OpenAI, vLLM and SGLang send -> one constraint.
-
-OpenAI: `response_format` (json_object / json_schema). vLLM: `guided_json`, `guided_regex`,
-`guided_choice`, `guided_grammar` and `structured_outputs: {json, regex, choice, grammar,
-json_object, ...}`. SGLang: `json_schema` (a JSON string), `regex`, `ebnf`. guided's own: `regex`,
-`choice`, `grammar`, `json_schema`. Each maps to SamplingParams' constraint kwargs; more than one
-constraint in a request is a 400, and a constraint-like field we cannot honour is a 400 naming
-it (never dropped silently, so a client never believes free text is constrained). Fields that
-only pick a backend or its fallback policy are accepted and ignored with a log note: they do not
-change the language the output follows."""
+"""Every constraint field name clients of OpenAI, vLLM and SGLang send -> one constraint
+(SamplingParams' constraint kwargs). More than one constraint is a 400, and so is a
+constraint-like field we cannot honour, naming it: never dropped silently, so a client never
+believes free text is constrained. Fields that only pick a backend or its fallback are ignored
+with a log note: they do not change the language the output follows. Also logit_bias and
+min_tokens as SamplingParams keywords."""
 from __future__ import annotations
 
 import difflib
@@ -51,9 +47,8 @@ MISSPELLING_CUTOFF = 0.8
 
 
 class ConstraintExtensions(BaseModel):
-    """The constraint fields of /v1/chat/completions and /v1/completions beyond OpenAI's
-    response_format (parsed loosely: constraint_kwargs checks each value's shape itself, so that
-    its 400 names the field)."""
+    """The constraint fields beyond OpenAI's response_format, parsed loosely: constraint_kwargs
+    checks each value's shape itself, so that its 400 names the field."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -76,8 +71,8 @@ class ConstraintExtensions(BaseModel):
 
 
 def check_unknown_fields(names: list[str]) -> None:
-    """Unknown top-level fields are accepted (as OpenAI does), unless one is a misspelling of a
-    constraint field: a constraint the client believes it sent would be dropped."""
+    """Unknown top-level fields are accepted (as OpenAI does), but not a misspelt constraint
+    field: a constraint the client believes it sent would be dropped."""
     for name in names:
         match = difflib.get_close_matches(name, CONSTRAINT_NAMES, n=1, cutoff=MISSPELLING_CUTOFF)
         if match:
@@ -86,26 +81,23 @@ def check_unknown_fields(names: list[str]) -> None:
                 "would be dropped, so the request is refused)", param=name)
 
 
+# constraint kind -> (whether a value has the shape SamplingParams takes, what it must be)
+_SHAPES = {
+    "structural_tag": (lambda v: isinstance(v, (dict, str)),
+                       "a structural tag (an object or a JSON string)"),
+    "json_schema": (lambda v: isinstance(v, (dict, str, bool)),
+                    "a JSON schema (an object or a JSON string)"),
+    "choice": (lambda v: isinstance(v, list) and v and all(isinstance(c, str) and c for c in v),
+               "a non-empty list of non-empty strings"),
+    "json_object": (lambda v: isinstance(v, bool), "a boolean"),
+}
+_TEXT_SHAPE = (lambda v: isinstance(v, str) and v.strip(), "a non-empty string")
+
+
 def _value(kind: str, value: Any, param: str) -> Any:
-    """The shape SamplingParams takes, or a 400 naming the field."""
-    if kind == "structural_tag":
-        if not isinstance(value, (dict, str)):
-            raise InvalidRequestError(f"{param} must be a structural tag (an object or a JSON "
-                                      "string)", param=param)
-    elif kind == "json_schema":
-        if not isinstance(value, (dict, str, bool)):
-            raise InvalidRequestError(f"{param} must be a JSON schema (an object or a JSON "
-                                      "string)", param=param)
-    elif kind == "choice":
-        if not isinstance(value, list) or not value or \
-                not all(isinstance(c, str) and c for c in value):
-            raise InvalidRequestError(f"{param} must be a non-empty list of non-empty strings",
-                                      param=param)
-    elif kind == "json_object":
-        if not isinstance(value, bool):
-            raise InvalidRequestError(f"{param} must be a boolean", param=param)
-    elif not isinstance(value, str) or not value.strip():
-        raise InvalidRequestError(f"{param} must be a non-empty string", param=param)
+    ok, shape = _SHAPES.get(kind, _TEXT_SHAPE)
+    if not ok(value):
+        raise InvalidRequestError(f"{param} must be {shape}", param=param)
     return value
 
 
@@ -160,8 +152,7 @@ def _response_format(rf) -> list[tuple[str, dict]]:
 
 
 def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | None, dict]:
-    """The one constraint of a request as (the field it came from, SamplingParams kwargs);
-    more than one constraint: a 400 naming the second."""
+    """(the field the request's one constraint came from, SamplingParams kwargs)."""
     found: list[tuple[str, dict]] = []
     if tool_constraint:
         # a response_format beside tools shapes the text answer inside the tool constraint
@@ -189,8 +180,8 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
 
 
 def sampling_extras(req: Any) -> dict:
-    """logit_bias (token id strings or ints -> bias) and min_tokens, where the request sets
-    them; SamplingParams checks their ranges."""
+    """logit_bias and min_tokens (SGLang's min_new_tokens) where the request sets them, or a
+    400 naming the field; SamplingParams checks their ranges."""
     extras: dict = {}
     bias = getattr(req, "logit_bias", None)
     if bias:

@@ -1,18 +1,84 @@
-"""One HTTP request as engine requests (`Job`), and the small pure pieces around it: the one
-constraint of a request, outputs of choices that need no engine, error payloads, ids."""
+"""One HTTP request as engine requests (`Job`) and its answer: outputs of choices that need no
+engine, messages and tool calls, logprobs in OpenAI's formats, the non-streamed bodies, error
+payloads, ids; and reasoning models (`guided serve --reasoning-parser`), whose output opens
+with a `<think> ... </think>` section of free text that comes back as `reasoning_content`, the
+request's constraint applying after it (a structural tag: the think tag, then the constraint)."""
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from guided.errors import ConstraintError, InvalidRequestError, OverloadedError
+from guided.fsm.vocab import gpt2_byte_decoder
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
-from guided.server.constraint_fields import constraint_kwargs  # noqa: F401 - re-exported
-from guided.server.reasoning import split_reasoning
 from guided.server.tool_output import parse_output
 from guided.server.tools import ToolPlan
+
+PARSERS = ("think", "deepseek_r1", "qwen3")  # vLLM's names for the <think> ... </think> format
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def _inner_format(kwargs: dict) -> dict[str, Any]:
+    """SamplingParams constraint kwargs -> an xgrammar structural-tag format."""
+    if "json_schema" in kwargs:
+        schema = kwargs["json_schema"]
+        schema = json.loads(schema) if isinstance(schema, str) else schema
+        return {"type": "json_schema", "json_schema": schema}
+    if kwargs.get("json_object"):
+        return {"type": "json_schema", "json_schema": {"type": "object"}}
+    if "regex" in kwargs:
+        return {"type": "regex", "pattern": kwargs["regex"]}
+    if "choice" in kwargs:
+        from guided.fsm.backends.xgrammar_backend import choice_regex
+
+        return {"type": "regex", "pattern": choice_regex(kwargs["choice"])}
+    if "grammar" in kwargs:
+        return {"type": "grammar", "grammar": kwargs["grammar"]}
+    tag = kwargs.get("structural_tag")
+    tag = json.loads(tag) if isinstance(tag, str) else tag
+    if isinstance(tag, dict) and isinstance(tag.get("format"), dict):  # e.g. auto's tool calls
+        return tag["format"]
+    raise InvalidRequestError("a structural_tag cannot follow the reasoning section of a "
+                              "reasoning parser", param="structural_tag")
+
+
+def thinks(req) -> bool:
+    """Whether a chat request reasons: `chat_template_kwargs: {"enable_thinking": false}` (the
+    switch of Qwen3's template, which vLLM's and SGLang's parsers honour) turns it off, so the
+    constraint applies from the first token."""
+    return (req.chat_template_kwargs or {}).get("enable_thinking") is not False
+
+
+def wrap_constraint(kwargs: dict, prompt_text: str) -> dict:
+    """The constraint applied after the think section (no constraint: unchanged). A prompt
+    that already opens the section (templates that end in `<think>`) leaves it out of the
+    output."""
+    if not kwargs:
+        return kwargs
+    opened = prompt_text.rstrip().endswith(THINK_START)
+    think = {"type": "tag", "begin": "" if opened else THINK_START,
+             "content": {"type": "any_text"}, "end": THINK_END}
+    return {"structural_tag": {"type": "structural_tag", "format": {
+        "type": "sequence", "elements": [think, _inner_format(kwargs)]}}}
+
+
+def split_reasoning(text: str, *, finished: bool = True) -> tuple[str, str]:
+    """(reasoning, content) of an output so far. Before the section ends everything is
+    reasoning; a tail that may be the start of `</think>` is held back until it is known."""
+    body = text.removeprefix(THINK_START) if text.startswith(THINK_START) else text
+    end = body.find(THINK_END)
+    if end >= 0:
+        return body[:end], body[end + len(THINK_END):].lstrip()
+    if not finished:
+        for k in range(len(THINK_END) - 1, 0, -1):  # hold back a partial end tag
+            if body.endswith(THINK_END[:k]):
+                body = body[:-k]
+                break
+    return body, ""
 
 
 class ModelNotFound(Exception):
@@ -109,3 +175,87 @@ def model_id(name: str) -> str:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class TokenTexts:
+    """Token id -> its bytes and text, as OpenAI's logprobs show them (cached per id)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._byte_of = gpt2_byte_decoder()
+        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self._cache: dict[int, bytes] = {}
+
+    def bytes(self, token_id: int) -> bytes:
+        cached = self._cache.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if piece is None:
+            data = b""
+        elif token_id in self._special or not all(c in self._byte_of for c in piece):
+            data = self._tokenizer.decode([token_id]).encode("utf-8")
+        else:
+            data = bytes(self._byte_of[c] for c in piece)
+        self._cache[token_id] = data
+        return data
+
+    def text(self, token_id: int) -> str:
+        return self.bytes(token_id).decode("utf-8", errors="replace")
+
+
+def chat_logprobs(entries, texts: TokenTexts, num_top: int) -> P.ChatLogprobs:
+    """`entries`: guided.outputs.TokenLogprob list -> choices[i].logprobs of a chat response."""
+    content = []
+    for e in entries:
+        top = [P.TopLogprob(token=texts.text(t), logprob=lp, bytes=list(texts.bytes(t)))
+               for t, lp in e.top[:num_top]]
+        content.append(P.ChatTokenLogprob(token=texts.text(e.token_id), logprob=e.logprob,
+                                        bytes=list(texts.bytes(e.token_id)), top_logprobs=top))
+    return P.ChatLogprobs(content=content)
+
+
+def completion_logprobs(entries, texts: TokenTexts, num_top: int, offset: int
+                        ) -> P.CompletionLogprobs:
+    out = P.CompletionLogprobs()
+    for e in entries:
+        token = texts.text(e.token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(e.logprob)
+        out.top_logprobs.append({texts.text(t): lp for t, lp in e.top[:num_top]})
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+def usage(job: Job, outs: list[RequestOutput]) -> P.UsageInfo:
+    prompt = sum(len(p) for p in job.prompts)
+    completion = sum(len(o.token_ids) for o in outs)
+    return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                       total_tokens=prompt + completion)
+
+
+def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
+                  ) -> P.ChatCompletionResponse:
+    choices = []
+    for i, out in enumerate(outs):
+        message, reason = message_out(job.plan, out, reasoning=job.reasoning)
+        logprobs = chat_logprobs(out.logprobs or [], texts, job.num_top) \
+            if job.params[i].logprobs is not None else None
+        choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs,
+                                    finish_reason=reason))
+    return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
+                                    usage=usage(job, outs))
+
+
+def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, *, echo: bool
+                        ) -> P.CompletionResponse:
+    choices = []
+    for i, out in enumerate(outs):
+        prefix = job.echo[job.prompt_of[i]] if echo else ""
+        logprobs = completion_logprobs(out.logprobs or [], texts, job.num_top, len(prefix)) \
+            if job.params[i].logprobs is not None else None
+        choices.append(P.CompletionChoice(index=i, text=prefix + out.text, logprobs=logprobs,
+                                          finish_reason=out.finish_reason))
+    return P.CompletionResponse(id=job.request_id, model=job.model, choices=choices,
+                                usage=usage(job, outs))

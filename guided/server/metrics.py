@@ -89,7 +89,8 @@ class ServerMetrics:
                             _LATENCY_BUCKETS)
 
     def observe_finished(self, out: RequestOutput) -> None:
-        """Feed the histograms from one finished request (thread-safe: EngineClient's reader thread calls it)."""
+        """Feed the histograms from one finished request (thread-safe: EngineClient's reader
+        thread calls it)."""
         m = out.metrics
         if m.compile_seconds is not None:
             self.compile_seconds.observe(m.compile_seconds)

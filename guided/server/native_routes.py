@@ -1,26 +1,34 @@
 """The routes vLLM and SGLang clients call beside the OpenAI API: /tokenize, /detokenize,
-/version, /get_model_info, and GET /v1/models/{id} (the served name and its alias `default`)."""
+/version, /get_model_info, GET /v1/models/{id}, and SGLang's POST /generate: `text` or
+`input_ids` (one prompt or a batch), `sampling_params` (SGLang's names and constraint fields,
+`no_stop_trim`), `return_logprob` (meta_info's output_token_logprobs and output_top_logprobs:
+(logprob, token id, text or None) per token) and `stream` (SSE of the cumulative text and
+meta_info, then `data: [DONE]`)."""
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from guided.errors import InvalidRequestError
+from guided.outputs import RequestOutput
 from guided.server import protocol as P
-from guided.server.jobs import ModelNotFound
+from guided.server.constraint_fields import ConstraintExtensions
+from guided.server.jobs import Job, ModelNotFound, new_id
+from guided.server.streaming import merged, sse_response, unless_disconnected
 
 if TYPE_CHECKING:
     from guided.server.app import Server
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(P._Request):
     """vLLM's /tokenize: a completion prompt, or chat messages rendered by the chat template."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     prompt: str | None = None
@@ -32,18 +40,9 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class DetokenizeRequest(P._Request):
     model: str | None = None
-    tokens: list[int] = Field(min_length=0)
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("guided")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    tokens: list[int]
 
 
 def tokenize(server: Server, req: TokenizeRequest) -> dict[str, Any]:
@@ -80,9 +79,174 @@ def detokenize(server: Server, req: DetokenizeRequest) -> dict[str, Any]:
     return {"prompt": server.tokenizer.decode(req.tokens)}
 
 
-def add_native_routes(app: FastAPI, server: Server, handle) -> None:
-    """`handle(request, model, run)`: the app's parse-and-map-errors wrapper."""
+class GenerateSamplingParams(ConstraintExtensions):
+    """SGLang's sampling_params; read by Server._add_choices like an OpenAI request's fields."""
 
+    max_new_tokens: int | None = Field(default=128, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=16)
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stream: bool = False  # set from the request, not from sampling_params
+
+    @property
+    def seed(self) -> int | None:
+        return self.sampling_seed
+
+    @property
+    def response_format(self) -> None:
+        return None
+
+
+class GenerateRequest(P._Request):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    return_text_in_logprobs: bool = False
+    token_ids_logprob: list[int] | list[list[int]] | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        if (self.text is None) == (self.input_ids is None):
+            raise InvalidRequestError("send either text or input_ids", param="text")
+        if self.text is not None:
+            return [self.text] if isinstance(self.text, str) else list(self.text)
+        ids = self.input_ids
+        return [list(ids)] if not ids or isinstance(ids[0], int) else [list(p) for p in ids]
+
+    @property
+    def batched(self) -> bool:
+        return isinstance(self.text, list) or bool(self.input_ids) and \
+            isinstance(self.input_ids[0], list)
+
+
+def sampling_for(req: GenerateRequest, k: int) -> GenerateSamplingParams:
+    raw = req.sampling_params
+    if isinstance(raw, list):
+        if len(raw) <= k:
+            raise InvalidRequestError("sampling_params is a list shorter than the batch",
+                                      param="sampling_params")
+        raw = raw[k]
+    try:  # unknown keys: SGLang-only knobs that do not change the output (custom_params...)
+        sp, _unknown = P.parse_request(GenerateSamplingParams, dict(raw or {}))
+    except InvalidRequestError as e:
+        e.param = f"sampling_params.{e.param}" if e.param else "sampling_params"
+        raise
+    return sp.model_copy(update={"stream": req.stream})
+
+
+@dataclass(frozen=True, slots=True)
+class Returns:
+    logprob: bool = False
+    num_top: int = 0
+    text_in_logprobs: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+
+
+def _nth(value, k: int):
+    return value[k] if isinstance(value, list) else value
+
+
+def returns_for(req: GenerateRequest, k: int, sp: GenerateSamplingParams) -> Returns:
+    """400 for logprobs of input tokens or of chosen ids: the engine computes neither."""
+    logprob = bool(_nth(req.return_logprob, k))
+    num_top = _nth(req.top_logprobs_num, k) or 0
+    if logprob and _nth(req.logprob_start_len, k) != -1:
+        raise InvalidRequestError("input token logprobs are not computed: send logprob_start_len "
+                                  "-1 (output tokens only)", param="logprob_start_len")
+    if logprob and req.token_ids_logprob is not None:
+        raise InvalidRequestError("token_ids_logprob is not supported; use top_logprobs_num",
+                                  param="token_ids_logprob")
+    if not 0 <= num_top <= 20:
+        raise InvalidRequestError("top_logprobs_num must lie in [0, 20]",
+                                  param="top_logprobs_num")
+    return Returns(logprob, num_top if logprob else 0, req.return_text_in_logprobs,
+                   sp.no_stop_trim, sp.skip_special_tokens)
+
+
+def build_job(server: Server, req: GenerateRequest, k: int, prompt: str | list[int]
+              ) -> tuple[Job, Returns]:
+    sp = sampling_for(req, k)
+    returns = returns_for(req, k, sp)
+    ids = server.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    job = Job(new_id("generate"), server.model_name, [ids], [], [], None, returns.num_top)
+    logprobs = returns.num_top if returns.logprob else None
+    try:
+        server._add_choices(job, sp, 0, logprobs, {}, "input_ids" if req.input_ids else "text")
+    except InvalidRequestError as e:
+        if e.param in GenerateSamplingParams.model_fields:
+            e.param = f"sampling_params.{e.param}"
+        raise
+    if job.constraint_param is not None:
+        job.constraint_param = f"sampling_params.{job.constraint_param}"
+    return job, returns
+
+
+def meta_info(job: Job, out: RequestOutput, returns: Returns, server: Server) -> dict[str, Any]:
+    info: dict[str, Any] = {"id": out.request_id, "prompt_tokens": len(job.prompts[0]),
+                            "completion_tokens": len(out.token_ids), "cached_tokens": 0}
+    if not out.finished:
+        info["finish_reason"] = None
+    elif out.finish_reason == "length":
+        info["finish_reason"] = {"type": "length", "length": len(out.token_ids)}
+    else:
+        info["finish_reason"] = {"type": out.finish_reason, "matched": out.stop_reason}
+    if returns.logprob:
+        def entry(token_id: int, logprob: float) -> list:
+            return [logprob, token_id,
+                    server.texts.text(token_id) if returns.text_in_logprobs else None]
+
+        entries = out.logprobs or []
+        info["input_token_logprobs"] = []  # logprob_start_len -1: output tokens only
+        info["output_token_logprobs"] = [entry(e.token_id, e.logprob) for e in entries]
+        if returns.num_top:
+            info["input_top_logprobs"] = []
+            info["output_top_logprobs"] = [[entry(t, lp) for t, lp in e.top[:returns.num_top]]
+                                           for e in entries]
+    return info
+
+
+def result(server: Server, job: Job, out: RequestOutput, returns: Returns,
+           index: int | None = None) -> dict[str, Any]:
+    text = out.text
+    if returns.no_stop_trim and out.finished and out.finish_reason == "stop":
+        # the stop string (or a stop token that is text) stays in, as SGLang returns it
+        text = server.tokenizer.decode(out.token_ids,
+                                       skip_special_tokens=returns.skip_special_tokens)
+    body = {"text": text, "output_ids": list(out.token_ids),
+            "meta_info": meta_info(job, out, returns, server)}
+    if index is not None:
+        body["index"] = index
+    return body
+
+
+async def _stream(server: Server, job: Job, returns: Returns, streams) -> Any:
+    multi = len(job.params) > 1
+    async for i, out in merged(job, streams):
+        if out.finish_reason == "error":
+            yield f"data: {json.dumps({'error': {'message': out.error}})}\n\n"
+            return
+        yield f"data: {json.dumps(result(server, job, out, returns, i if multi else None))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def add_native_routes(app: FastAPI, server: Server, handle) -> None:
     async def run_tokenize(request: Request, req: TokenizeRequest) -> Response:
         return JSONResponse(tokenize(server, req))
 
@@ -99,7 +263,10 @@ def add_native_routes(app: FastAPI, server: Server, handle) -> None:
 
     @app.get("/version")
     async def version_route() -> Response:
-        return JSONResponse({"version": version()})
+        try:
+            return JSONResponse({"version": importlib.metadata.version("guided")})
+        except importlib.metadata.PackageNotFoundError:
+            return JSONResponse({"version": "unknown"})
 
     @app.get("/get_model_info")
     async def model_info() -> Response:  # SGLang's
@@ -115,3 +282,26 @@ def add_native_routes(app: FastAPI, server: Server, handle) -> None:
                                 status_code=404)
         card = P.ModelCard(id=server.model_name, max_model_len=server.max_model_len)
         return JSONResponse(card.model_dump(exclude_none=True))
+
+    async def run_generate(request: Request, req: GenerateRequest) -> Response:
+        jobs = [build_job(server, req, k, p) for k, p in enumerate(req.prompts())]
+        if req.stream:
+            if len(jobs) > 1:
+                raise InvalidRequestError("stream one prompt at a time", param="stream")
+            job, returns = jobs[0]
+            streams = await unless_disconnected(request, server.start(job))
+            return sse_response(_stream(server, job, returns, streams), streams)
+
+        async def run_one(job: Job, returns: Returns) -> list[dict[str, Any]]:
+            outs = await server.finals(job, await server.start(job))
+            return [result(server, job, out, returns) for out in outs]
+
+        results = await unless_disconnected(
+            request, asyncio.gather(*(run_one(*j) for j in jobs)))
+        flat = [r for rs in results for r in rs]
+        single = not req.batched and len(flat) == 1
+        return JSONResponse(flat[0] if single else flat)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await handle(request, GenerateRequest, run_generate)

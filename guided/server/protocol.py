@@ -1,8 +1,5 @@
 """Pydantic models of the OpenAI wire format (+ guided's extensions) and the OpenAI error body.
-
-Requests ignore unknown fields (like OpenAI; the server logs them at debug), except misspellings
-of constraint fields (a 400 suggesting the right name). Responses are built
-with these models and serialized without None fields."""
+Requests ignore unknown fields (like OpenAI), except misspelt constraint fields (a 400)."""
 from __future__ import annotations
 
 import time
@@ -102,11 +99,9 @@ class ChatMessage(_Request):
     tool_call_id: str | None = None
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
 class FunctionDef(_Request):
@@ -149,8 +144,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     @property
     def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None \
-            else self.max_tokens
+        return self.max_tokens if self.max_completion_tokens is None else \
+            self.max_completion_tokens
 
 
 # ---- completions --------------------------------------------------------------------------------
@@ -175,11 +170,7 @@ class CompletionRequest(_SamplingFields):
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]
-        return list(p)
+        return [p] if isinstance(p, str) or all(isinstance(x, int) for x in p) else list(p)
 
 
 # ---- responses ----------------------------------------------------------------------------------
@@ -323,10 +314,10 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 def validation_error(e: ValidationError) -> InvalidRequestError:
     """The first pydantic error as an InvalidRequestError naming the offending field."""
     err = e.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith(("function-", "literal["))]
-    # pydantic reports union members as extra loc entries (e.g. "str", "list[TextPart]"): drop
-    # the ones that are type names so that `param` reads like OpenAI's ("messages.0.content").
-    loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "dict")]
+    # pydantic reports union members as loc entries ("str", "list[TextPart]", "function-..."):
+    # without them `param` reads like OpenAI's ("messages.0.content")
+    loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")
+           and not any(c in str(p) for c in "[]") and str(p) not in ("str", "int", "dict")]
     param = ".".join(loc) or None
     msg = err.get("msg", "invalid value")
     return InvalidRequestError(f"{param}: {msg}" if param else msg, param=param)

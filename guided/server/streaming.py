@@ -20,9 +20,17 @@ from fastapi.responses import StreamingResponse
 
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
-from guided.server.jobs import Job, empty_output, error_payload, finish_reason, visible
-from guided.server.reasoning import split_reasoning
-from guided.server.responses import chat_logprobs, completion_logprobs, usage
+from guided.server.jobs import (
+    Job,
+    chat_logprobs,
+    completion_logprobs,
+    empty_output,
+    error_payload,
+    finish_reason,
+    split_reasoning,
+    usage,
+    visible,
+)
 from guided.server.tool_output import ToolCallStreamer
 from guided.serving.request_stream import RequestStream
 

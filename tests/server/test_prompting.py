@@ -9,7 +9,7 @@ import time
 import pytest
 
 from guided.errors import InvalidRequestError
-from guided.server.prompting import PromptWork
+from guided.server.door import PromptWork
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from guided.fsm.backends.xgrammar_backend import Recipe, grammar_of
 from guided.fsm.structural_tags import checked_structural_tag
-from guided.server.reasoning import split_reasoning, wrap_constraint
+from guided.server.jobs import split_reasoning, wrap_constraint
 
 xgr = pytest.importorskip("xgrammar")
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from guided.outputs import TokenLogprob
-from guided.server.responses import TokenTexts, chat_logprobs, completion_logprobs
+from guided.server.jobs import TokenTexts, chat_logprobs, completion_logprobs
 
 
 class _Tok:
