@@ -15,7 +15,7 @@ from guided.fsm.vocab import gpt2_byte_decoder
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 from guided.server import protocol as P
-from guided.server.tool_output import parse_output
+from guided.server.tool_output import parse_output, partial_marker_len
 from guided.server.tools import ToolPlan
 
 PARSERS = ("think", "deepseek_r1", "qwen3")  # vLLM's names for the <think> ... </think> format
@@ -47,16 +47,14 @@ def _inner_format(kwargs: dict) -> dict[str, Any]:
 
 
 def thinks(req) -> bool:
-    """Whether a chat request reasons: `chat_template_kwargs: {"enable_thinking": false}` (the
-    switch of Qwen3's template, which vLLM's and SGLang's parsers honour) turns it off, so the
-    constraint applies from the first token."""
+    """`chat_template_kwargs: {"enable_thinking": false}` (Qwen3's template's switch, honoured
+    by vLLM's and SGLang's parsers) turns reasoning off: the constraint applies at once."""
     return (req.chat_template_kwargs or {}).get("enable_thinking") is not False
 
 
 def wrap_constraint(kwargs: dict, prompt_text: str) -> dict:
-    """The constraint applied after the think section (no constraint: unchanged). A prompt
-    that already opens the section (templates that end in `<think>`) leaves it out of the
-    output."""
+    """The constraint applied after the think section (none: unchanged); a prompt that opens
+    the section (templates ending in `<think>`) leaves it out of the output."""
     if not kwargs:
         return kwargs
     opened = prompt_text.rstrip().endswith(THINK_START)
@@ -74,10 +72,7 @@ def split_reasoning(text: str, *, finished: bool = True) -> tuple[str, str]:
     if end >= 0:
         return body[:end], body[end + len(THINK_END):].lstrip()
     if not finished:
-        for k in range(len(THINK_END) - 1, 0, -1):  # hold back a partial end tag
-            if body.endswith(THINK_END[:k]):
-                body = body[:-k]
-                break
+        body = body[:len(body) - partial_marker_len(body, THINK_END)]
     return body, ""
 
 
@@ -122,24 +117,19 @@ def finish_reason(out: RequestOutput, calls: bool) -> str | None:
 def message_out(plan: ToolPlan | None, out: RequestOutput, *, reasoning: bool = False
                 ) -> tuple[P.ChatMessageOut, str | None]:
     """The message of a finished chat choice and its finish_reason. Beside tool calls the
-    content is "" (vLLM's clients read it as a string); a request with the legacy `functions`
-    gets its call as message.function_call; on a reasoning parser the think section is
-    reasoning_content."""
+    content is "" (vLLM's clients read it as a string); the legacy `functions` get their call as
+    message.function_call; the think section of a reasoning parser is reasoning_content."""
     thought, text = split_reasoning(out.text) if reasoning else (None, out.text)
-    message, reason = _message(plan, out, text)
-    if thought is not None:
-        message.reasoning_content = message.reasoning = thought.strip("\n") or None
-    return message, reason
-
-
-def _message(plan: ToolPlan | None, out: RequestOutput, text: str
-             ) -> tuple[P.ChatMessageOut, str | None]:
     content, calls = parse_output(plan, text) if plan else (text, None)
     reason = finish_reason(out, bool(calls))
     if calls and plan.legacy:
-        return P.ChatMessageOut(content=content or "", function_call=calls[0].function), \
-            "function_call" if reason == "tool_calls" else reason
-    return P.ChatMessageOut(content=content, tool_calls=calls), reason
+        message = P.ChatMessageOut(content=content or "", function_call=calls[0].function)
+        reason = "function_call" if reason == "tool_calls" else reason
+    else:
+        message = P.ChatMessageOut(content=content, tool_calls=calls)
+    if thought is not None:
+        message.reasoning_content = message.reasoning = thought.strip("\n") or None
+    return message, reason
 
 
 def raise_if_error(out: RequestOutput) -> None:

@@ -103,7 +103,7 @@ def _scan_object(text: str, i: int) -> tuple[CallSpan, int]:
         if text[i] == ",":
             i += 1
             continue
-        key_end = _skip_string(text, i) if text[i] == '"' else None
+        key_end = _value_end(text, i) if text[i] == '"' else None
         if key_end is None:
             return span, n
         key = json.loads(text[i:key_end])
@@ -112,7 +112,7 @@ def _scan_object(text: str, i: int) -> tuple[CallSpan, int]:
         if i >= n or text[i] != ":":
             return span, n
         start = _skip_ws(text, i + 1)
-        end = _skip_value(text, start)
+        end = _value_end(text, start)
         if key in (ARGS_KEY, "arguments"):
             span.args_start, span.args_end = start, end
         elif key == CONTENT_KEY and start < n:
@@ -134,47 +134,15 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def _skip_string(text: str, i: int) -> int | None:
-    j, n = i + 1, len(text)
-    while j < n:
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return None
+_decode = json.JSONDecoder().raw_decode
 
 
-def _skip_value(text: str, i: int) -> int | None:
-    n = len(text)
-    if i >= n:
+def _value_end(text: str, i: int) -> int | None:
+    """The end of the JSON value at text[i], or None while it is cut off."""
+    try:
+        return _decode(text, i)[1]
+    except json.JSONDecodeError:
         return None
-    c = text[i]
-    if c == '"':
-        return _skip_string(text, i)
-    if c in "{[":
-        depth, j = 0, i
-        while j < n:
-            ch = text[j]
-            if ch == '"':
-                end = _skip_string(text, j)
-                if end is None:
-                    return None
-                j = end
-                continue
-            if ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
-    j = i
-    while j < n and text[j] not in ",}] \t\r\n":
-        j += 1
-    return j if j < n else None
 
 
 def _partial_string(raw: str) -> str:
@@ -202,7 +170,7 @@ def tag_calls(fmt: ToolFormat, text: str, *, finished: bool = True
         if at < 0:
             tail = text[i:]
             if not finished:
-                tail = tail[:len(tail) - _trigger_prefix_len(tail, fmt.trigger)]
+                tail = tail[:len(tail) - partial_marker_len(tail, fmt.trigger)]
             outside.append(tail)
             break
         outside.append(text[i:at])
@@ -219,9 +187,10 @@ def tag_calls(fmt: ToolFormat, text: str, *, finished: bool = True
     return "".join(outside), spans
 
 
-def _trigger_prefix_len(text: str, trigger: str) -> int:
-    for k in range(min(len(trigger) - 1, len(text)), 0, -1):
-        if text.endswith(trigger[:k]):
+def partial_marker_len(text: str, marker: str) -> int:
+    """The length of text's longest tail that may be the start of marker (held back)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
             return k
     return 0
 
