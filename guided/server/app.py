@@ -97,7 +97,7 @@ class Server:
     def check_model(self, model: str) -> None:
         if model not in self.accepted_models:
             raise jobs.ModelNotFound(f"The model `{model}` does not exist; this server serves "
-                                f"`{self.model_name}` (also reachable as `default`).")
+                                     f"`{self.model_name}` (also reachable as `default`).")
 
     def chat_prompt(self, req: P.ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
         """The chat template applied to the request (tools, chat_template_kwargs): token ids."""
@@ -117,7 +117,7 @@ class Server:
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
         job = jobs.Job(jobs.new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
-                  reasoning=self.reasoning and jobs.thinks(req))
+                       reasoning=self.reasoning and jobs.thinks(req))
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         self._quick_check(job)
         return job

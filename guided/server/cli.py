@@ -14,6 +14,7 @@ from guided.config import EngineConfig
 
 logger = logging.getLogger("guided.server")
 
+
 def _parse_optional(kind):
     def parse(text: str):
         return None if text.lower() in ("none", "null", "") else kind(text)
@@ -101,11 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    if args.command == "generate":
-        return generate(args)
-    return bench(args)
+    return {"serve": serve, "generate": generate, "bench": bench}[args.command](args)
 
 
 def _setup_logging(level: str) -> None:
@@ -160,11 +157,6 @@ def _draining_server(config, engine, drain_timeout: float):
         """On SIGTERM / SIGINT, drains the engine while uvicorn waits for connections: requests
         finish, or end with finish_reason "abort" at the deadline, and the process exits 0."""
 
-        def __init__(self, config, engine, drain_timeout: float):
-            super().__init__(config)
-            self.engine = engine
-            self.drain_timeout = drain_timeout
-
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
             # uvicorn re-raises the signal after a graceful stop (exit status -15 / 130);
@@ -172,11 +164,11 @@ def _draining_server(config, engine, drain_timeout: float):
             getattr(self, "_captured_signals", []).clear()
 
         async def shutdown(self, sockets=None) -> None:
-            drain = asyncio.ensure_future(self.engine.shutdown(self.drain_timeout))
+            drain = asyncio.ensure_future(engine.shutdown(drain_timeout))
             await super().shutdown(sockets)
             await drain
 
-    return DrainingServer(config, engine, drain_timeout)
+    return DrainingServer(config)
 
 
 def _log_startup(info, url: str) -> None:

@@ -10,7 +10,7 @@ import difflib
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, create_model
 
 from guided.errors import InvalidRequestError
 
@@ -37,8 +37,6 @@ UNSUPPORTED = {
     "guided_whitespace_pattern": "a custom whitespace pattern is not supported (guided's JSON "
                                  "whitespace is fixed: bounded, no runaway newlines)",
 }
-# sampling controls the engine does not apply yet: a 400 rather than an output that ignores them
-# (an empty / zero value asks for nothing and passes)
 STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"]}
 # names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
 CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format",
@@ -46,28 +44,12 @@ CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format"
 MISSPELLING_CUTOFF = 0.8
 
 
-class ConstraintExtensions(BaseModel):
-    """The constraint fields beyond OpenAI's response_format, parsed loosely: constraint_kwargs
-    checks each value's shape itself, so that its 400 names the field."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    json_schema: Any = None
-    guided_json: Any = None
-    regex: Any = None
-    guided_regex: Any = None
-    choice: Any = None
-    guided_choice: Any = None
-    grammar: Any = None
-    ebnf: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
-    guided_decoding_backend: Any = None
-    guided_whitespace_pattern: Any = None
-    structural_tag: Any = None
-    logit_bias: Any = None
-    min_tokens: Any = None
-    min_new_tokens: Any = None
+# The constraint fields beyond OpenAI's response_format (and logit_bias, min_tokens), parsed
+# loosely: constraint_kwargs and sampling_extras check each value's shape, so a 400 names its field
+ConstraintExtensions = create_model(
+    "ConstraintExtensions", __config__=ConfigDict(extra="ignore", populate_by_name=True),
+    **{name: (Any, None) for name in (*TOP_LEVEL, "structured_outputs", *IGNORED, *UNSUPPORTED,
+                                      "logit_bias", "min_tokens", "min_new_tokens")})
 
 
 def check_unknown_fields(names: list[str]) -> None:

@@ -201,7 +201,8 @@ def chat_logprobs(entries, texts: TokenTexts, num_top: int) -> P.ChatLogprobs:
         top = [P.TopLogprob(token=texts.text(t), logprob=lp, bytes=list(texts.bytes(t)))
                for t, lp in e.top[:num_top]]
         content.append(P.ChatTokenLogprob(token=texts.text(e.token_id), logprob=e.logprob,
-                                        bytes=list(texts.bytes(e.token_id)), top_logprobs=top))
+                                          bytes=list(texts.bytes(e.token_id)),
+                                          top_logprobs=top))
     return P.ChatLogprobs(content=content)
 
 

@@ -1,4 +1,4 @@
-"""server/responses.py: tokens' bytes and text as OpenAI shows them, and logprobs of choices."""
+"""server/jobs.py: tokens' bytes and text as OpenAI shows them, and logprobs of choices."""
 from __future__ import annotations
 
 from guided.outputs import TokenLogprob
