@@ -6,6 +6,10 @@ the one after the last. xgrammar matchers without drafts fill in one batched C++
 (llguidance) walk their drafts and back. Matchers end where they began. Entries other than the
 batched ones go out to threads (both backends fill without the GIL) only when their measured
 cost says a batch takes longer than the hand-offs.
+
+A draft its row does not allow (a proposal the grammar's mask disagrees with) is cut, as vLLM
+truncates speculative tokens to the grammar's prefix: its own row forbids it, so verification
+stops there, and the rows after it allow everything (their tokens are never kept).
 """
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ _row_seconds = 0.0  # running estimate of one row's fill
 
 
 def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads: int,
-                    min_parallel_seconds: float = PARALLEL_FILL_SECONDS) -> None:
-    """bitmask: int32 (rows, ceil(vocab / 32)) on the CPU. A draft the grammar rejects raises
-    RuntimeError."""
+                    min_parallel_seconds: float = PARALLEL_FILL_SECONDS) -> list[int]:
+    """bitmask: int32 (rows, ceil(vocab / 32)) on the CPU. Returns the indices of the entries
+    whose drafts were cut."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.device.type != "cpu":
         raise ValueError("bitmask must be a 2-D int32 CPU tensor")
     from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
@@ -43,7 +47,7 @@ def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads:
     live = []
     for entry in entries:
         matcher, drafts, first = entry
-        if matcher.is_terminated():  # nothing allowed: a draft after it is rejected below
+        if matcher.is_terminated():  # nothing allowed: a draft after it is cut below
             bitmask[first:first + len(drafts) + 1] = 0
         else:
             live.append(entry)
@@ -54,9 +58,7 @@ def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads:
         rest = [e for e in live if e[1] or not isinstance(e[0], XGrammarMatcher)]
     _fill_each(rest, bitmask, num_threads, min_parallel_seconds)
     _apply_bans([e for e in live if isinstance(e[0], XGrammarMatcher)], bitmask)
-    error = rejected_draft([(drafts, first) for _, drafts, first in entries if drafts], bitmask)
-    if error is not None:
-        raise RuntimeError(error)
+    return cut_rejected_drafts(entries, bitmask)
 
 
 def _fill_batch(batch: list[Entry], bitmask: torch.Tensor, num_threads: int) -> None:
@@ -121,8 +123,10 @@ def _walk(matcher: Matcher, drafts: list[int], bitmask: torch.Tensor, first: int
     try:
         for depth, token in enumerate(drafts):
             matcher.fill_bitmask(bitmask, first + depth)
-            if not matcher.accept_token(token):
-                raise RuntimeError(f"jump-forward draft token {token} rejected by the grammar")
+            if not matcher.accept_token(token):  # forbidden in its row: cut below
+                keep = np.array([~(1 << (token & 31)) & 0xFFFFFFFF], np.uint32).view(np.int32)
+                bitmask[first + depth].numpy()[token >> 5] &= keep[0]
+                return
             accepted += 1
         matcher.fill_bitmask(bitmask, first + len(drafts))
     finally:
@@ -145,18 +149,25 @@ def _apply_bans(entries: list[Entry], bitmask: torch.Tensor) -> None:
             words[np.ix_(rows, ban.columns)] &= ban.column_words
 
 
-def rejected_draft(chains: list[tuple[list[int], int]], bitmask: torch.Tensor) -> str | None:
-    """Every draft allowed by the row before it (one vectorized look at the filled rows);
-    chains: (drafts, first row). The error naming a rejected draft, else None."""
-    if not chains:
-        return None
+def cut_rejected_drafts(entries: list[Entry], bitmask: torch.Tensor) -> list[int]:
+    """One vectorized look at every draft's bit in the row before it; where a draft is not
+    allowed, the rows after it allow everything. The indices of the entries cut."""
     rows: list[int] = []
     tokens: list[int] = []
-    for drafts, first in chains:
+    for _, drafts, first in entries:
         rows.extend(range(first, first + len(drafts)))
         tokens.extend(drafts)
+    if not tokens:
+        return []
     ids = np.asarray(tokens, dtype=np.int64)
     allowed = (bitmask.numpy()[rows, ids >> 5] >> (ids & 31)) & 1
     if allowed.all():
-        return None
-    return f"jump-forward draft token {tokens[int(np.argmin(allowed))]} rejected by the grammar"
+        return []
+    cut, start = [], 0
+    for i, (_, drafts, first) in enumerate(entries):
+        ok = allowed[start:start + len(drafts)]
+        start += len(drafts)
+        if len(ok) and not ok.all():
+            bitmask[first + int(np.argmin(ok)) + 1:first + len(drafts) + 1] = -1
+            cut.append(i)
+    return cut

@@ -4,10 +4,12 @@ before every draft, then the bonus row), in the order the scheduler's output num
 as a value (StepMasks).
 
 Rows whose tokens will be dropped allow everything (overlapped scheduling): those of requests
-that finished since the step was scheduled, of voided entries, and of drafts anchored on a
-token the previous step did not sample (only the first row stands)."""
+that finished since the step was scheduled, of voided entries, of drafts anchored on a token
+the previous step did not sample (only the first row stands), and past a draft the grammar's
+mask does not allow (bitmask_fill cuts it: verification stops there)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -18,14 +20,16 @@ from guided.scheduler.scheduler import StepPlan
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
 
+log = logging.getLogger(__name__)
+
 MASK_THREADS = 8  # threads filling a large step's rows (capped by the CPUs)
 
 
 @dataclass(slots=True)
 class FilledMasks:
     masks: StepMasks
-    # requests whose rows could not be filled (their matcher raised, or rejected one of their
-    # drafts): their rows allow everything, and the engine fails them alone
+    # requests whose rows could not be filled (their matcher raised): their rows allow
+    # everything, and the engine fails them alone
     failed: list[tuple[Request, str]] = field(default_factory=list)
 
 
@@ -34,7 +38,7 @@ def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int],
     """bitmask: (rows, words) int32 host buffer, one row per mask row of the step (its old
     contents are garbage). The matchers hold the committed tokens and are left there. One
     batched fill; where it fails, each request's rows again on their own, so that a fault of
-    one request's grammar (or a draft it rejects: a jump-forward bug) fails that request only."""
+    one request's grammar fails that request only."""
     entries: list = []  # (matcher, drafts, first row) to fill
     owners: list[Request] = []
     row = 0
@@ -56,13 +60,18 @@ def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int],
     failed: list[tuple[Request, str]] = []
     with times.phase("mask_fill"):
         try:
-            fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS)
+            cut = fill_draft_rows(entries, bitmask, num_threads=MASK_THREADS)
         except Exception:  # noqa: BLE001 - found below, request by request
-            for entry, request in zip(entries, owners):
+            cut = []
+            for i, (entry, request) in enumerate(zip(entries, owners)):
                 try:
-                    fill_draft_rows([entry], bitmask, num_threads=1)
+                    cut += [i] * len(fill_draft_rows([entry], bitmask, num_threads=1))
                 except Exception as e:  # noqa: BLE001 - this request's alone
                     first, num = entry[2], len(entry[1]) + 1
                     bitmask[first:first + num] = -1
                     failed.append((request, f"grammar mask failed: {e}"))
+    for i in cut:  # a proposal the grammar disagrees with: worth knowing, harmless
+        times.count("drafts_cut")
+        log.warning("request %s: a jump-forward draft its grammar's mask does not allow; the "
+                    "drafts from it on are dropped", owners[i].request_id)
     return FilledMasks(StepMasks(bitmask[:row], mask_rows), failed)

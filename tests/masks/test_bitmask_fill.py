@@ -1,6 +1,7 @@
 """masks/bitmask_fill.py: every entry's rows equal its matcher's own rows after the drafts
 before them, whichever path fills them (xgrammar's batch, its draft traversal, the llguidance
-walk, threads or not); matchers are left where they began; a rejected draft raises."""
+walk, threads or not); matchers are left where they began; a draft the grammar does not allow
+is cut: its row forbids it, the rows after it allow everything."""
 from __future__ import annotations
 
 import pytest
@@ -65,12 +66,23 @@ def test_rows_equal_each_matchers_own(compiler, tokenizer, schema, text):
                            _own_rows(matcher, drafts, words))
 
 
-def test_a_rejected_draft_raises_and_leaves_the_matcher(compiler, tokenizer):
-    for schema in (SCHEMA, LONG):
-        grammar = compiler.compile(ConstraintSpec.json_schema(schema), timeout=60)
-        matcher = grammar.matcher()
-        bad = tokenizer.encode("]]", add_special_tokens=False)
-        rows = torch.zeros(len(bad) + 1, -(-len(tokenizer) // 32), dtype=torch.int32)
-        with pytest.raises(RuntimeError, match="rejected by the grammar"):
-            fill_draft_rows([(matcher, bad, 0)], rows, num_threads=1)
-        assert matcher.accept_token(tokenizer.encode("{", add_special_tokens=False)[0])
+def _allows(row: torch.Tensor, token: int) -> bool:
+    return bool((int(row[token >> 5]) >> (token & 31)) & 1)
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, LONG], ids=["xgrammar", "llguidance"])
+def test_a_draft_the_grammar_rejects_is_cut(compiler, tokenizer, schema):
+    grammar = compiler.compile(ConstraintSpec.json_schema(schema), timeout=60)
+    good, bad = grammar.matcher(), grammar.matcher()
+    words = -(-len(tokenizer) // 32)
+    start_row = _own_rows(bad, [], words)[0]
+    first = next(t for t in range(len(tokenizer)) if _allows(start_row, t))
+    wrong = [first, tokenizer.encode("]]", add_special_tokens=False)[0]]
+    rows = torch.zeros(1 + len(wrong) + 1, words, dtype=torch.int32)
+    cut = fill_draft_rows([(good, [], 0), (bad, wrong, 1)], rows, num_threads=1)
+    assert cut == [1]
+    assert torch.equal(rows[1], start_row)  # the rows up to the rejected draft: its grammar's
+    assert not _allows(rows[2], wrong[1])  # its own row forbids it: verification stops there
+    assert bool((rows[3:] == -1).all())  # the rows after it are never kept
+    assert torch.equal(rows[0], start_row)
+    assert bad.accept_token(first)  # left at its start

@@ -86,7 +86,7 @@ def test_rows_of_finished_and_voided_entries_allow_everything(compiler, tokenize
     assert bool((masks.bitmask == -1).all())
 
 
-def test_a_draft_the_grammar_rejects_fails_its_request_alone(compiler, tokenizer):
+def test_a_draft_the_grammar_rejects_is_cut_and_fails_nothing(compiler, tokenizer):
     words = -(-len(tokenizer) // 32)
     good = _request("good", compiler, ConstraintSpec.json_schema(SCHEMA), 0)
     bad = _request("bad", compiler, ConstraintSpec.json_schema(SCHEMA), 1)
@@ -96,11 +96,13 @@ def test_a_draft_the_grammar_rejects_fails_its_request_alone(compiler, tokenizer
         ScheduledRequest(bad, num_new_tokens=1, num_draft_tokens=len(wrong), sample=True,
                          draft_token_ids=wrong)])
     out, _ = build_output(plan, block_size=16)
+    times = StepTimes()
     filled = fill_step_masks(plan, torch.zeros(len(wrong) + 2, words, dtype=torch.int32),
-                             out.mask_rows, times=StepTimes())
-    assert [(r.request_id, "rejected" in e) for r, e in filled.failed] == [("bad", True)]
-    assert bool((filled.masks.bitmask[1:] == -1).all())  # the failed request's rows
+                             out.mask_rows, times=times)
+    assert filled.failed == [] and times.counts["drafts_cut"] == 1
     start = tokenizer.encode("{", add_special_tokens=False)[0]
-    row = filled.masks.bitmask[0]
-    assert (int(row[start >> 5]) >> (start & 31)) & 1  # the good request's row is its own
-    assert not bool((row == -1).all())
+    first_bad = filled.masks.bitmask[1]  # its first row: the grammar's, forbidding the draft
+    assert (int(first_bad[start >> 5]) >> (start & 31)) & 1
+    assert not (int(first_bad[wrong[0] >> 5]) >> (wrong[0] & 31)) & 1
+    assert bool((filled.masks.bitmask[2:] == -1).all())  # past the cut: never kept
+    assert torch.equal(filled.masks.bitmask[0], first_bad)  # the good request's row, its own
