@@ -165,6 +165,7 @@ class Scheduler:
         request.num_computed_tokens = len(hits) * bs
         self.prefix_queries += num_tokens
         self.prefix_hits += len(hits) * bs
+        request.metrics.prefix_cache_hit_tokens += len(hits) * bs
         return True
 
     def _joins_in_flight(self, request: Request) -> bool:

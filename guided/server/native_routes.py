@@ -200,7 +200,8 @@ def build_job(server: Server, req: GenerateRequest, k: int, prompt: str | list[i
 
 def meta_info(job: Job, out: RequestOutput, returns: Returns, server: Server) -> dict[str, Any]:
     info: dict[str, Any] = {"id": out.request_id, "prompt_tokens": len(job.prompts[0]),
-                            "completion_tokens": len(out.token_ids), "cached_tokens": 0}
+                            "completion_tokens": len(out.token_ids),
+                            "cached_tokens": out.metrics.prefix_cache_hit_tokens}
     if not out.finished:
         info["finish_reason"] = None
     elif out.finish_reason == "length":

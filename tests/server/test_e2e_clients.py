@@ -108,6 +108,20 @@ def test_sglang_generate_with_constraints(server_url, params, check):
     check(body["text"])
 
 
+def test_sglang_generate_reports_prompt_tokens_from_the_prefix_cache(server_url):
+    text = "Q: " + " ".join(f"item {i}," for i in range(40)) + " which item comes last?\nA:"
+
+    def generate() -> dict:
+        r = httpx.post(server_url + "/generate", timeout=300, json={
+            "text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]
+
+    generate()
+    again = generate()  # its full blocks were cached by the first
+    assert 16 <= again["cached_tokens"] <= again["prompt_tokens"], again
+
+
 def test_sglang_generate_streams_input_ids(server_url):
     ids = httpx.post(server_url + "/tokenize", json={"prompt": "The sky is"}).json()["tokens"]
     texts = []
