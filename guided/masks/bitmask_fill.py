@@ -51,13 +51,13 @@ def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads:
             bitmask[first:first + len(drafts) + 1] = 0
         else:
             live.append(entry)
-    plain = [e for e in live if not e[1] and isinstance(e[0], XGrammarMatcher)]
-    rest = live
+    xgrammar = [e for e in live if isinstance(e[0], XGrammarMatcher)]
+    plain = [e for e in xgrammar if not e[1]]
     if len(plain) > 1:
         _fill_batch(plain, bitmask, num_threads)
-        rest = [e for e in live if e[1] or not isinstance(e[0], XGrammarMatcher)]
-    _fill_each(rest, bitmask, num_threads, min_parallel_seconds)
-    _apply_bans([e for e in live if isinstance(e[0], XGrammarMatcher)], bitmask)
+        live = [e for e in live if e[1] or not isinstance(e[0], XGrammarMatcher)]
+    _fill_each(live, bitmask, num_threads, min_parallel_seconds)
+    _apply_bans(xgrammar, bitmask)
     return cut_rejected_drafts(entries, bitmask)
 
 
@@ -124,8 +124,8 @@ def _walk(matcher: Matcher, drafts: list[int], bitmask: torch.Tensor, first: int
         for depth, token in enumerate(drafts):
             matcher.fill_bitmask(bitmask, first + depth)
             if not matcher.accept_token(token):  # forbidden in its row: cut below
-                keep = np.array([~(1 << (token & 31)) & 0xFFFFFFFF], np.uint32).view(np.int32)
-                bitmask[first + depth].numpy()[token >> 5] &= keep[0]
+                bitmask[first + depth].numpy().view(np.uint32)[token >> 5] &= \
+                    ~np.uint32(1 << (token & 31))
                 return
             accepted += 1
         matcher.fill_bitmask(bitmask, first + len(drafts))

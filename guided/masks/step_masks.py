@@ -65,7 +65,8 @@ def fill_step_masks(plan: StepPlan, bitmask: torch.Tensor, mask_rows: list[int],
             cut = []
             for i, (entry, request) in enumerate(zip(entries, owners)):
                 try:
-                    cut += [i] * len(fill_draft_rows([entry], bitmask, num_threads=1))
+                    if fill_draft_rows([entry], bitmask, num_threads=1):
+                        cut.append(i)
                 except Exception as e:  # noqa: BLE001 - this request's alone
                     first, num = entry[2], len(entry[1]) + 1
                     bitmask[first:first + num] = -1
