@@ -2,7 +2,9 @@
 
 For each subset: compile up to --per-subset schemas (cold: a fresh compiler; cached: a second
 submit of the same spec), then walk each valid instance's tokens, timing fill_bitmask before
-every token. Also times fill_draft_rows over a batch, one thread vs several. Prints markdown.
+every token. Also times fill_draft_rows over a batch of matchers halfway through an instance,
+without drafts and with the instance's next tokens as drafts, one thread vs several. Prints
+markdown.
 
     python benchmarks/bench_grammar.py [--per-subset N] [--batch 64]
 """
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=2, help="valid instances per schema")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--drafts", type=int, default=4, help="drafts per matcher at most")
     args = parser.parse_args()
 
     from conftest import load_test_tokenizer
@@ -86,9 +89,9 @@ def main() -> None:
                         break
                 if len(batch_matchers) < args.batch:
                     m = grammar.matcher()
-                    for token in ids[: len(ids) // 2]:
-                        m.accept_token(token)
-                    batch_matchers.append(m)
+                    half = len(ids) // 2
+                    if all(m.accept_token(token) for token in ids[:half]):
+                        batch_matchers.append((m, ids[half:half + args.drafts]))
         all_fill += fill
         rows.append((subset, len(cold), refused, cold, cached, fill))
         print(f"[{n + 1}/{len(subsets)}] {subset}: {len(cold)} compiled, {len(fill)} fills",
@@ -106,19 +109,26 @@ def main() -> None:
               f"{pct(cached, .99) * 1e6:.1f} | {pct(fill, .5) * 1e6:.1f} | "
               f"{pct(fill, .99) * 1e6:.1f} | {len(fill)} |")
 
-    print("\n| batch rows | serial µs/step | threads µs/step | threads |\n|---:|---:|---:|---:|")
-    for size in (1, 4, 8, 16, 32, 64):
+    print("\n| batch | drafts a matcher | rows | serial µs/step | threads µs/step | threads |\n"
+          "|---:|---:|---:|---:|---:|---:|")
+    for size in (1, 8, 16, 32, 64, 128, 256):
         if size > len(batch_matchers):
             break
-        items = [(m, [], i) for i, m in enumerate(batch_matchers[:size])]
-        timings = {}
-        for threads in (1, args.threads):
-            fill_draft_rows(items, bitmask, num_threads=threads)  # warm up
-            start = time.perf_counter()
-            for _ in range(20):
-                fill_draft_rows(items, bitmask, num_threads=threads)
-            timings[threads] = (time.perf_counter() - start) / 20 * 1e6
-        print(f"| {size} | {timings[1]:.0f} | {timings[args.threads]:.0f} | {args.threads} |")
+        for with_drafts in (False, True):
+            items, row = [], 0
+            for m, drafts in batch_matchers[:size]:
+                items.append((m, drafts if with_drafts else [], row))
+                row += len(items[-1][1]) + 1
+            rows_mask = torch.zeros(row, words, dtype=torch.int32)
+            timings = {}
+            for threads in (1, args.threads):
+                fill_draft_rows(items, rows_mask, num_threads=threads)  # warm up
+                start = time.perf_counter()
+                for _ in range(20):
+                    fill_draft_rows(items, rows_mask, num_threads=threads)
+                timings[threads] = (time.perf_counter() - start) / 20 * 1e6
+            print(f"| {size} | {(row - size) / size:.1f} | {row} | {timings[1]:.0f} | "
+                  f"{timings[args.threads]:.0f} | {args.threads} |")
     compiler.shutdown()
 
 

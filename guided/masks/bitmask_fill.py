@@ -1,11 +1,11 @@
 """Fill a step's bitmask rows from many matchers at once.
 
 An entry is (matcher, drafts, first row): its rows are the mask before each draft token, then
-the one after the last. xgrammar matchers without drafts fill in one batched C++ call
-(BatchGrammarMatcher); with drafts, in one traverse_draft_tree call each. Other matchers
-(llguidance) walk their drafts and back. Matchers end where they began. Entries other than the
-batched ones go out to threads (both backends fill without the GIL) only when their measured
-cost says a batch takes longer than the hand-offs.
+the one after the last. xgrammar matchers go depth by depth: one batched C++ fill of every row
+at that depth (BatchGrammarMatcher, on several threads for a large batch), one batched accept of
+the drafts there, and at the end one batched rollback. Other matchers (llguidance) walk their
+drafts and back, on threads (they fill without the GIL) only when their measured cost says a
+batch takes longer than the hand-offs. Matchers end where they began.
 
 A draft its row does not allow (a proposal the grammar's mask disagrees with) is cut, as vLLM
 truncates speculative tokens to the grammar's prefix: its own row forbids it, so verification
@@ -24,16 +24,15 @@ from guided.fsm.settings import NUM_CPUS
 
 Entry = tuple[Matcher, list[int], int]  # (matcher, drafts, first row)
 
-# a row costs ~3 us in JSON structure and ~30 us deep in a length-bounded string: threads only
-# where a batch's estimate passes this (the default model's batches stay on one thread; a
-# random 8B's long strings went from 6.9 to 1.4 ms of fill a step at 64, results/paired_8b_s6.md)
+# an llguidance row costs ~30 us deep in a length-bounded string: threads only where a batch's
+# estimate passes this (a random 8B's long strings went from 6.9 to 1.4 ms of fill a step at
+# 64, results/paired_8b_s6.md)
 PARALLEL_FILL_SECONDS = 2e-3
 BATCH_THREADS_MIN_ROWS = 64  # xgrammar's batched fill uses several threads from this many rows
 
 _pool: ThreadPoolExecutor | None = None
 _batch_matchers: dict[int, object] = {}  # threads -> xgrammar.BatchGrammarMatcher
-_chains: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # drafts -> (next, sibling) links
-_row_seconds = 0.0  # running estimate of one row's fill
+_row_seconds = 0.0  # running estimate of one llguidance row's fill
 
 
 def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads: int,
@@ -44,32 +43,70 @@ def fill_draft_rows(entries: list[Entry], bitmask: torch.Tensor, *, num_threads:
         raise ValueError("bitmask must be a 2-D int32 CPU tensor")
     from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
 
-    live = []
+    xgrammar, others = [], []
     for entry in entries:
         matcher, drafts, first = entry
         if matcher.is_terminated():  # nothing allowed: a draft after it is cut below
             bitmask[first:first + len(drafts) + 1] = 0
         else:
-            live.append(entry)
-    xgrammar = [e for e in live if isinstance(e[0], XGrammarMatcher)]
-    plain = [e for e in xgrammar if not e[1]]
-    if len(plain) > 1:
-        _fill_batch(plain, bitmask, num_threads)
-        live = [e for e in live if e[1] or not isinstance(e[0], XGrammarMatcher)]
-    _fill_each(live, bitmask, num_threads, min_parallel_seconds)
+            (xgrammar if isinstance(matcher, XGrammarMatcher) else others).append(entry)
+    _fill_by_depth(xgrammar, bitmask, num_threads)
+    _fill_each(others, bitmask, num_threads, min_parallel_seconds)
     _apply_bans(xgrammar, bitmask)
     return cut_rejected_drafts(entries, bitmask)
 
 
-def _fill_batch(batch: list[Entry], bitmask: torch.Tensor, num_threads: int) -> None:
+def _fill_by_depth(entries: list[Entry], bitmask: torch.Tensor, num_threads: int) -> None:
+    """xgrammar entries: the rows at depth d of every entry still going in one batched fill,
+    then their drafts at d in one batched accept; a draft accept refuses is forbidden in its
+    row (cut below), one that ends the grammar leaves nothing allowed after it."""
     import xgrammar as xgr
 
-    threads = max(1, min(num_threads, NUM_CPUS)) if len(batch) >= BATCH_THREADS_MIN_ROWS else 1
+    matchers = [m.xgrammar_matcher for m, _, _ in entries]
+    accepted = [0] * len(entries)
+    try:
+        going, depth = list(range(len(entries))), 0
+        while going:
+            _batch_matcher(len(going), num_threads).batch_fill_next_token_bitmask(
+                [matchers[i] for i in going], bitmask,
+                indices=[entries[i][2] + depth for i in going])
+            going = [i for i in going if len(entries[i][1]) > depth]
+            if not going:
+                break
+            tokens = [entries[i][1][depth] for i in going]
+            verdicts = xgr.BatchGrammarMatcher.batch_accept_token([matchers[i] for i in going],
+                                                                  tokens)
+            still = []
+            for i, token, ok in zip(going, tokens, verdicts):
+                matcher, drafts, first = entries[i]
+                if not ok:
+                    _forbid(bitmask, first + depth, token)
+                    continue
+                accepted[i] += 1
+                if matcher.ended_with(token):
+                    bitmask[first + depth + 1:first + len(drafts) + 1] = 0
+                else:
+                    still.append(i)
+            going, depth = still, depth + 1
+    finally:
+        undo = [i for i, n in enumerate(accepted) if n]
+        if undo:
+            xgr.BatchGrammarMatcher.batch_rollback([matchers[i] for i in undo],
+                                                   [accepted[i] for i in undo])
+
+
+def _batch_matcher(num_rows: int, num_threads: int):
+    import xgrammar as xgr
+
+    threads = max(1, min(num_threads, NUM_CPUS)) if num_rows >= BATCH_THREADS_MIN_ROWS else 1
     matcher = _batch_matchers.get(threads)
     if matcher is None:
         matcher = _batch_matchers[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
-    matcher.batch_fill_next_token_bitmask([m.xgrammar_matcher for m, _, _ in batch], bitmask,
-                                          indices=[first for _, _, first in batch])
+    return matcher
+
+
+def _forbid(bitmask: torch.Tensor, row: int, token: int) -> None:
+    bitmask[row].numpy().view(np.uint32)[token >> 5] &= ~np.uint32(1 << (token & 31))
 
 
 def _fill_each(entries: list[Entry], bitmask: torch.Tensor, num_threads: int,
@@ -94,28 +131,8 @@ def _fill_each(entries: list[Entry], bitmask: torch.Tensor, num_threads: int,
 
 
 def _fill_rows(entries: list[Entry], bitmask: torch.Tensor) -> None:
-    from guided.fsm.backends.xgrammar_backend import XGrammarMatcher
-
     for matcher, drafts, first in entries:
-        if isinstance(matcher, XGrammarMatcher) and not drafts:
-            matcher.xgrammar_matcher.fill_next_token_bitmask(bitmask, first)
-        elif isinstance(matcher, XGrammarMatcher):
-            traverse_chain(matcher.xgrammar_matcher, drafts,
-                           bitmask[first:first + len(drafts) + 1])
-        else:
-            _walk(matcher, drafts, bitmask, first)
-
-
-def traverse_chain(xgrammar_matcher, drafts: list[int], rows: torch.Tensor) -> None:
-    """The rows of one live xgrammar matcher's drafts: a draft tree that is a chain (node 0 is
-    the matcher's state, node i the state after drafts[:i]); the matcher is left as it was."""
-    links = _chains.get(len(drafts))
-    if links is None:
-        n = len(drafts)
-        links = _chains[n] = (torch.tensor([*range(1, n + 1), -1], dtype=torch.int64),
-                              torch.full((n + 1,), -1, dtype=torch.int64))
-    xgrammar_matcher.traverse_draft_tree(
-        links[0], links[1], torch.tensor([0, *drafts], dtype=torch.int64), rows)
+        _walk(matcher, drafts, bitmask, first)
 
 
 def _walk(matcher: Matcher, drafts: list[int], bitmask: torch.Tensor, first: int) -> None:
@@ -124,8 +141,7 @@ def _walk(matcher: Matcher, drafts: list[int], bitmask: torch.Tensor, first: int
         for depth, token in enumerate(drafts):
             matcher.fill_bitmask(bitmask, first + depth)
             if not matcher.accept_token(token):  # forbidden in its row: cut below
-                bitmask[first + depth].numpy().view(np.uint32)[token >> 5] &= \
-                    ~np.uint32(1 << (token & 31))
+                _forbid(bitmask, first + depth, token)
                 return
             accepted += 1
         matcher.fill_bitmask(bitmask, first + len(drafts))

@@ -50,10 +50,11 @@ def _entries(compiler, tokenizer, schema: dict, text: str, count: int):
     return grammar, entries, row
 
 
-@pytest.mark.parametrize("schema, text", [(SCHEMA, TEXT), (LONG, '{"text": "hello there"}')],
-                         ids=["xgrammar", "llguidance"])
-def test_rows_equal_each_matchers_own(compiler, tokenizer, schema, text):
-    grammar, entries, num_rows = _entries(compiler, tokenizer, schema, text, 24)
+@pytest.mark.parametrize("schema, text, count", [
+    (SCHEMA, TEXT, 24), (SCHEMA, TEXT, 70), (LONG, '{"text": "hello there"}', 24)],
+    ids=["xgrammar", "xgrammar-threads", "llguidance"])  # 70: a batch large enough for threads
+def test_rows_equal_each_matchers_own(compiler, tokenizer, schema, text, count):
+    grammar, entries, num_rows = _entries(compiler, tokenizer, schema, text, count)
     assert grammar.backend == ("xgrammar" if schema is SCHEMA else "llguidance")
     words = -(-len(tokenizer) // 32)
     serial = torch.full((num_rows, words), 7, dtype=torch.int32)
@@ -86,3 +87,17 @@ def test_a_draft_the_grammar_rejects_is_cut(compiler, tokenizer, schema):
     assert bool((rows[3:] == -1).all())  # the rows after it are never kept
     assert torch.equal(rows[0], start_row)
     assert bad.accept_token(first)  # left at its start
+
+
+def test_nothing_is_allowed_after_a_draft_that_ends_the_grammar(compiler, tokenizer):
+    grammar = compiler.compile(ConstraintSpec.json_schema({"type": "integer"}), timeout=60)
+    matcher = grammar.matcher()
+    digit = tokenizer.encode("7", add_special_tokens=False)[0]
+    eos = compiler.vocab.eos_token_ids[0]
+    words = -(-len(tokenizer) // 32)
+    rows = torch.full((4, words), 7, dtype=torch.int32)
+    cut = fill_draft_rows([(matcher, [digit, eos, digit], 0)], rows, num_threads=1)
+    assert _allows(rows[0], digit) and _allows(rows[1], eos)
+    assert cut == [0] and bool((rows[2] == 0).all())  # the draft after the end is cut
+    assert bool((rows[3] == -1).all())
+    assert not matcher.is_terminated() and matcher.accept_token(digit)  # left at its start
