@@ -15,7 +15,8 @@ from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import AttentionMetadata, build_model
 from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 from guided.worker.models.weights import WeightReader
-from guided.worker.sampler import DeviceSample, SamplingRows, list_tensor, sample_on_device
+from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, sample_on_device,
+                                   warm_sampling_kernels)
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
 
@@ -91,6 +92,9 @@ class ModelRunner:
                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
                 block_size=self.block_size, scratch_block=self.num_blocks, device=self.device,
                 max_step_tokens=config.max_num_batched_tokens)
+        if self.use_triton:
+            warm_sampling_kernels(model_config.vocab_size, vocab_size=vocab_size,
+                                  dtype=self.dtype, device=self.device)
         self._launched: tuple[SamplingRows, torch.Tensor | None] | None = None  # rows, logits
         self._last_sampled: DeviceSample | None = None  # its ids feed the next placeholders
 

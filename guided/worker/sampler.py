@@ -113,6 +113,25 @@ class DeviceSample:
         return RunnerOutput(token_ids, logprobs)
 
 
+def warm_sampling_kernels(num_cols: int, *, vocab_size: int, dtype: torch.dtype,
+                          device: torch.device) -> None:
+    """Compile every variant of the sampling kernels now, for logits of num_cols columns: with
+    and without a bitmask, one vocab split and several, the slow path's float32 mask. A variant
+    first met mid-run compiles inside that step (~0.35 s on the H200, in the 8B cold pass),
+    stalling every request in it."""
+    words = -(-vocab_size // 32)
+    logits = torch.zeros(2, num_cols, dtype=dtype, device=device)
+    bitmask = torch.full((2, words), -1, dtype=torch.int32, device=device)
+    mask_rows = torch.zeros(2, dtype=torch.int32, device=device)
+    temperature = torch.ones(2, dtype=torch.float32, device=device)
+    seeds = torch.zeros(2, dtype=torch.int64, device=device)
+    for mask, rows in ((None, None), (bitmask, mask_rows)):
+        for num_splits in (1, 2):
+            masked_sample(logits, mask, rows, temperature, seeds, vocab_size=vocab_size,
+                          num_splits=num_splits)
+    apply_token_bitmask_(logits.float(), bitmask, mask_rows, vocab_size=vocab_size)
+
+
 def sample_on_device(logits: torch.Tensor, rows: SamplingRows, bitmask: torch.Tensor | None,
                      mask_rows: torch.Tensor | None, *, vocab_size: int) -> DeviceSample:
     """logits (N, V_logits) on the device; bitmask (M, W) int32 on the device or None;

@@ -99,3 +99,33 @@ def test_list_tensor_equals_torch_tensor(values, dtype):
     assert torch.equal(ours, theirs)
     with pytest.raises(OverflowError):
         list_tensor([2**63], torch.int64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab_size, num_cols", [(49152, 49152), (128256, 128256)])
+def test_no_sampling_kernel_compiles_mid_run_after_the_warm_up(vocab_size, num_cols):
+    from guided.kernels import bitmask as kernels
+    from guided.worker.sampler import warm_sampling_kernels
+
+    device = torch.device("cuda")
+    warm_sampling_kernels(num_cols, vocab_size=vocab_size, dtype=torch.bfloat16, device=device)
+
+    def compiled() -> int:  # variants compiled so far, over the sampling kernels
+        return sum(len(k.device_caches[torch.cuda.current_device()][0]) for k in (
+            kernels._masked_sample_kernel, kernels._argmax_splits_kernel,
+            kernels._apply_bitmask_kernel))
+
+    before = compiled()
+    words = -(-vocab_size // 32)
+    for num_rows in (1, 7, 64, 1024):  # several vocab splits a row, then one
+        logits = torch.randn(num_rows, num_cols, dtype=torch.bfloat16, device=device)
+        bitmask = torch.randint(-2**31, 2**31 - 1, (num_rows, words), dtype=torch.int32,
+                                device=device)
+        mask_rows = torch.arange(num_rows, dtype=torch.int32, device=device)
+        temperature = torch.rand(num_rows, device=device)
+        seeds = torch.arange(num_rows, dtype=torch.int64, device=device)
+        for mask, rows in ((None, None), (bitmask, mask_rows)):
+            kernels.masked_sample(logits, mask, rows, temperature, seeds, vocab_size=vocab_size)
+        kernels.apply_token_bitmask_(logits.float(), bitmask, mask_rows, vocab_size=vocab_size)
+    torch.cuda.synchronize()
+    assert compiled() == before
