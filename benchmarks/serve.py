@@ -218,7 +218,9 @@ def summarize(results: list[Result], duration: float, before: dict, after: dict,
     row["valid"] = (f"{sum(r.invalid is None for r in checked)}/{len(checked)}"
                     if checked else None)
     row["invalid_examples"] = [r.invalid for r in checked if r.invalid][:5]
-    row["error_examples"] = [r.error for r in results if r.error][:5]
+    # failures first: five refusals would hide the one request that failed
+    errors = sorted((r.error for r in results if r.error), key=lambda e: e.startswith("HTTP 400"))
+    row["error_examples"] = errors[:5]
     return row
 
 
