@@ -43,10 +43,7 @@ class CompiledGrammar:
     spec: ConstraintSpec
     compile_seconds: float
     backend: str  # "xgrammar" | "llguidance"
-    _make_matcher: Callable[[], Matcher] = field(repr=False)
-
-    def matcher(self) -> Matcher:
-        return self._make_matcher()
+    matcher: Callable[[], Matcher] = field(repr=False)  # a fresh matcher at the start
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from guided.errors import ConstraintError
-from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups, rewrite_string
+from guided.fsm.schema_formats import rewrite_string
 from guided.fsm.schema_keywords import (
     bounded_multiples,
     if_union,
@@ -46,8 +46,6 @@ from guided.fsm.schema_objects import (
     undeclared_schema,
 )
 from guided.fsm.schema_refs import localize_refs, upgrade
-
-__all__ = ["FORMAT_PATTERNS", "check_schema", "fix_optional_groups"]
 
 NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                              "multipleOf"})
@@ -143,7 +141,7 @@ class _Rewriter(SchemaCombiner):
         if "not" in node:
             rewrite_not(node, pointer)
         _refuse_ignored(node, pointer)
-        node = _infer_type(node, pointer)
+        node = _infer_type(node)
         if isinstance(node.get("type"), list) and validation_keys(node, exclude=("type",)):
             # xgrammar applies type-specific keywords unreliably to type lists: split by type
             types = node.pop("type")
@@ -292,14 +290,12 @@ def _may_be(node: dict, type_name: str) -> bool:
 
 
 def _rewrite_number(node: dict, pointer: str) -> None:
-    types = as_list(node.get("type", []))
-    integer_only = types == ["integer"]
     for kw in ("exclusiveMinimum", "exclusiveMaximum"):
         if isinstance(node.get(kw), bool):
             raise refuse(kw, pointer, "boolean exclusive bounds (draft 4) are not supported")
     if "multipleOf" in node:
-        integer_only = rewrite_multiple_of(node, types, pointer)
-    if integer_only:
+        rewrite_multiple_of(node, as_list(node.get("type", [])), pointer)
+    if as_list(node.get("type", [])) == ["integer"]:
         # xgrammar wants integer bounds: round inward (exact for integer values)
         lo = [math.ceil(node.pop("minimum"))] if "minimum" in node else []
         if "exclusiveMinimum" in node:
@@ -353,7 +349,7 @@ def _drop_trivial(node: dict) -> None:
         node.pop("maxContains", None)
 
 
-def _infer_type(node: dict, pointer: str) -> dict:
+def _infer_type(node: dict) -> dict:
     """xgrammar ignores type-specific keywords without an explicit type: restrict an untyped
     schema to the types its keywords constrain (stricter)."""
     if "type" in node:

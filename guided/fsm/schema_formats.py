@@ -6,7 +6,7 @@ import re
 import re._parser as sre_parse
 
 from guided.errors import ConstraintError
-from guided.fsm.schema_merge import as_list, refuse
+from guided.fsm.schema_merge import as_list, refuse, where
 
 _DATE = (r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[13578]|1[02])-"
          r"(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|"
@@ -185,7 +185,7 @@ def bounded_pattern(pattern: str, min_length: int, max_length: int | None, point
     counts = _share_lengths(variable, min_length - fixed, top - fixed)
     if counts is None:
         raise ConstraintError(f"the pattern {pattern!r} and the length bounds at "
-                              f"{pointer or '/'} admit no string together")
+                              f"{where(pointer)} admit no string together")
     for (i, _, _), (least, most) in zip(variable, counts):
         span = str(least) if least == most else f"{least},{'' if most == math.inf else most}"
         atom = pieces[i][0]

@@ -210,16 +210,16 @@ def _finite_values(items: Any) -> list | None:
 MULTIPLE_RANGE = 10**6
 
 
-def rewrite_multiple_of(node: dict, types: list, pointer: str) -> bool:
+def rewrite_multiple_of(node: dict, types: list, pointer: str) -> None:
     """node's multipleOf as one xgrammar enforces (an integer divisor): node becomes an integer
-    schema (True); a decimal p/q is met by the integers p divides (stricter)."""
+    schema; a decimal p/q is met by the integers p divides (stricter)."""
     divisor = node["multipleOf"]
     if types not in (["integer"], ["number"]):
         raise refuse("multipleOf", pointer, "multipleOf beside non-numeric types")
     node["type"] = "integer"
     if float(divisor).is_integer():
         node["multipleOf"] = int(divisor)
-        return True
+        return
     step = Fraction(repr(float(divisor))).numerator
     if not _division_agrees(float(divisor), step):
         raise refuse("multipleOf", pointer, f"multipleOf {divisor} cannot be enforced exactly")
@@ -229,7 +229,6 @@ def rewrite_multiple_of(node: dict, types: list, pointer: str) -> bool:
         del node["multipleOf"]
     node["minimum"] = max(node.get("minimum", -MULTIPLE_RANGE), -MULTIPLE_RANGE)
     node["maximum"] = min(node.get("maximum", MULTIPLE_RANGE), MULTIPLE_RANGE)
-    return True
 
 
 @lru_cache(maxsize=256)

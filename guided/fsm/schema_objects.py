@@ -107,18 +107,14 @@ def rewrite_property_names(node: dict, pointer: str, validator) -> None:
     if names.get("type") == "string":
         names.pop("type")
     check = validator.evolve(schema=names)
-    props = node.get("properties")
-    required = node.get("required", [])
-    for name in list(props or {}):
+    for name in node.get("required", []):
         if not check.is_valid(name):
-            if name in required:
-                raise ConstraintError(f"required property {name!r} at {where(pointer)} is not "
-                                      f"a name propertyNames admits")
-            del props[name]
-    for name in required:
-        if (props is None or name not in props) and not check.is_valid(name):
             raise ConstraintError(f"required property {name!r} at {where(pointer)} is not a "
                                   f"name propertyNames admits")
+    props = node.get("properties")
+    for name in list(props or {}):
+        if not check.is_valid(name):
+            del props[name]
     extra = node.get("additionalProperties", not props)
     if extra is False:
         return  # no undeclared key is generated
@@ -256,13 +252,11 @@ def _dependency_branches(node: dict, trigger: str, needs: list, schema, rest_nee
     return {"anyOf": branches, **defs}
 
 
-def _is_open(node: dict) -> bool:
-    """Whether undeclared keys may be generated (as schema_check leaves the object)."""
-    if "patternProperties" in node or "propertyNames" in node:
+def _may_have(node: dict, name: str) -> bool:
+    """Whether name may be generated: declared, or undeclared keys may be (as schema_check
+    leaves the object)."""
+    if name in node.get("properties", {}) or "patternProperties" in node or (
+            "propertyNames" in node):
         return True
     extra = node.get("additionalProperties")
     return extra is not False and (extra is not None or "properties" not in node)
-
-
-def _may_have(node: dict, name: str) -> bool:
-    return name in node.get("properties", {}) or _is_open(node)

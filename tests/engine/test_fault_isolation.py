@@ -47,8 +47,8 @@ def test_a_fault_in_one_request_fails_only_that_request(llm):
     engine = llm.engine
     spec = ConstraintSpec("regex", "[a-z ]{1,40}")
     grammar = engine.compiler.compile(spec, timeout=60)
-    real = grammar._make_matcher
-    grammar._make_matcher = lambda: FaultyMatcher(real(), fail_at=3)
+    real = grammar.matcher
+    grammar.matcher = lambda: FaultyMatcher(real(), fail_at=3)
     try:
         params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
         engine.add_request("a", "Tell me a story.", params)
@@ -63,7 +63,7 @@ def test_a_fault_in_one_request_fails_only_that_request(llm):
                 if out.finished:
                     finished[out.request_id] = out
     finally:
-        grammar._make_matcher = real
+        grammar.matcher = real
         for request_id in ("a", "b", "bad"):
             engine.abort_request(request_id)
     assert finished["bad"].finish_reason == "error"

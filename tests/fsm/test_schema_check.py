@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from guided.errors import ConstraintError
-from guided.fsm.schema_check import FORMAT_PATTERNS, check_schema
+from guided.fsm.schema_check import check_schema
+from guided.fsm.schema_formats import FORMAT_PATTERNS, fix_optional_groups
 
 
 @pytest.mark.parametrize("schema, keyword, pointer", [
@@ -100,8 +101,6 @@ def test_invalid_schema_is_refused():
 
 
 def test_fix_optional_groups():
-    from guided.fsm.schema_check import fix_optional_groups
-
     assert fix_optional_groups(r"x(ab+)?[)?]\)?(c)??") == r"x(ab+){0,1}[)?]\)?(c){0,1}?"
     assert check_schema({"type": "string", "pattern": "^a(bc+)?$"})["pattern"] == \
         "^a(bc+){0,1}$"

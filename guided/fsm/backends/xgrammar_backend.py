@@ -13,7 +13,7 @@ from guided.errors import ConstraintError
 from guided.fsm.grammar_bounds import check_grammar_bounds
 from guided.fsm.grammar_text import budget_long_repetitions, exact_utf8
 from guided.fsm.matcher import Matcher
-from guided.fsm.schema_check import fix_optional_groups
+from guided.fsm.schema_formats import fix_optional_groups
 from guided.fsm.settings import CompileSettings
 from guided.fsm.vocab import TokenVocab
 
