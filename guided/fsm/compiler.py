@@ -106,7 +106,7 @@ class GrammarCompiler:
                     return ticket
                 entry.tickets.add(ticket)
         entry.outcome.add_done_callback(lambda outcome: _settle(ticket, outcome))
-        ticket.add_done_callback(lambda t: self._left(spec, entry, t))
+        ticket.add_done_callback(lambda t: self._left(entry, t))
         return ticket
 
     def _busy(self) -> str | None:
@@ -128,7 +128,7 @@ class GrammarCompiler:
         self._pool.submit(entry.outcome, lambda: self._compile_sync(spec), label=spec.kind,
                           on_overdue=lambda: self._overdue(spec, entry), sheddable=sheddable)
 
-    def _left(self, spec: ConstraintSpec, entry: _Compile, ticket: Future) -> None:
+    def _left(self, entry: _Compile, ticket: Future) -> None:
         """A ticket is settled or cancelled: a compile nobody waits for any more is dropped."""
         with self._lock:
             entry.tickets.discard(ticket)

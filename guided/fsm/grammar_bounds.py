@@ -53,14 +53,12 @@ class _Grammar:
 
 def char_class_matches(args: list[int]) -> bool:
     """Whether a character class [is_negated, lo0, hi0, ...] matches any character."""
-    negated, ranges = args[0], sorted(zip(args[1::2], args[2::2]))
+    negated, ranges = args[0], list(zip(args[1::2], args[2::2]))
     if not negated:
         return any(lo <= hi and not (SURROGATES[0] <= lo and hi <= SURROGATES[1])
                    for lo, hi in ranges)
-    excluded = [*ranges, SURROGATES]
-    excluded.sort()
     next_free = 0
-    for lo, hi in excluded:
+    for lo, hi in sorted([*ranges, SURROGATES]):
         if lo > next_free:
             return True  # next_free .. lo - 1 is left
         next_free = max(next_free, hi + 1)

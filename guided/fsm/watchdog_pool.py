@@ -6,6 +6,7 @@ queued sheddable jobs that would not start within it are cancelled rather than l
 (an offline batch's are submitted not sheddable)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -34,27 +35,21 @@ def _renice(tid: int | None, nice: int, idle: bool = False) -> None:
     if tid is None:
         return
     if nice > 0:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, tid,
                            min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        except (OSError, AttributeError):
-            pass
     if idle:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            pass
 
 
 def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
     """Settle future unless it is settled already (a timeout, a cancel)."""
-    try:
+    with contextlib.suppress(InvalidStateError):
         if error is None:
             future.set_result(result)
         else:
             future.set_exception(error)
-    except InvalidStateError:
-        pass
 
 
 class WatchdogPool:

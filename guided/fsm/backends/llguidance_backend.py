@@ -6,7 +6,6 @@ probed to be enforced by llguidance passed (any other keeps the schema on xgramm
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -120,7 +119,6 @@ class LLGuidanceBackend:
         self.tokenizer = LLTokenizer(TokenizerWrapper(_OwnTokens(tokenizer, vocab)),
                                      n_vocab=vocab.vocab_size,
                                      eos_token=list(vocab.eos_token_ids))
-        self._lock = threading.Lock()
 
     def compile(self, schema: dict) -> str:
         """The llguidance grammar of a restated schema; ConstraintError where it refuses."""

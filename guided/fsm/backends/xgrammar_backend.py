@@ -28,14 +28,6 @@ class TokenBan(NamedTuple):
     column_words: np.ndarray
 
 
-def token_ban(banned: frozenset[int], vocab_size: int) -> TokenBan:
-    keep = np.ones(-(-vocab_size // 32) * 32, dtype=bool)
-    keep[sorted(banned)] = False
-    words = np.packbits(keep, bitorder="little").view(np.int32)  # (num_words,)
-    columns = np.flatnonzero(words != -1)
-    return TokenBan(torch.from_numpy(words), banned, columns, words[columns])
-
-
 _REGEX_META = frozenset(r"\.+*?()|[]{}^$")
 
 
@@ -134,11 +126,15 @@ class XGrammarBackend:
         with self._bans_lock:
             if self._json_ban is None:
                 allowed = b"\t\n\r" if self.config.any_whitespace else b""
-                self._json_ban = token_ban(frozenset(
-                    i for i, data in enumerate(self.vocab.token_bytes)
-                    if data and min(data) < 0x20
-                    and any(c < 0x20 and c not in allowed for c in data)),
-                    self.vocab.vocab_size)
+                banned = frozenset(i for i, data in enumerate(self.vocab.token_bytes)
+                                   if data and min(data) < 0x20
+                                   and any(c < 0x20 and c not in allowed for c in data))
+                keep = np.ones(-(-self.vocab.vocab_size // 32) * 32, dtype=bool)
+                keep[sorted(banned)] = False
+                words = np.packbits(keep, bitorder="little").view(np.int32)  # (num_words,)
+                columns = np.flatnonzero(words != -1)
+                self._json_ban = TokenBan(torch.from_numpy(words), banned, columns,
+                                          words[columns])
             return self._json_ban
 
     def recipe(self, kind: str, source: str = "") -> Recipe:
