@@ -19,7 +19,6 @@ import torch
 from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 
 
-# The torch references: what the CPU runs and what the kernels are tested against.
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """k, v [T, Hkv, D] -> cache slots (slot = block * block_size + offset), slot_mapping [T]."""

@@ -24,7 +24,6 @@ import torch
 
 from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 
-# The torch references: what the CPU runs and what the kernels are tested against.
 GREEDY_EPS = 1e-5
 _GOLDEN = 0x9E3779B9
 _M1 = 0x85EBCA6B
@@ -74,14 +73,12 @@ def allowed_mask_ref(
     *,
     vocab_size: int,
 ) -> torch.Tensor:
-    """[num_rows, num_cols] bool (mask_rows None: row b uses bitmask row b)."""
+    """[num_rows, num_cols] bool."""
     device = bitmask.device if bitmask is not None else "cpu"
     cols = torch.arange(num_cols, device=device)
     in_vocab = (cols < vocab_size)[None, :].expand(num_rows, num_cols)  # [B, V]
     if bitmask is None:
         return in_vocab.clone()
-    if mask_rows is None:
-        mask_rows = torch.arange(num_rows, device=device, dtype=torch.int32)
     mask_rows = mask_rows.to(device=device, dtype=torch.int64)
     words = bitmask[mask_rows.clamp(min=0)]  # [B, W] int32
     shifts = torch.arange(32, device=device, dtype=torch.int32)
@@ -103,8 +100,6 @@ def masked_sample_ref(
     vocab_size: int,
 ) -> torch.Tensor:
     num_rows, num_cols = logits.shape
-    if bitmask is None:
-        mask_rows = None
     allowed = allowed_mask_ref(bitmask, mask_rows, num_rows, num_cols, vocab_size=vocab_size)
     scores = logits.float()  # [B, V]
     temperature = temperature.to(device=logits.device, dtype=torch.float32)
@@ -120,7 +115,7 @@ def masked_sample_ref(
 def apply_token_bitmask_ref_(
     logits: torch.Tensor,
     bitmask: torch.Tensor,
-    mask_rows: torch.Tensor | None = None,
+    mask_rows: torch.Tensor,
     *,
     vocab_size: int,
 ) -> None:
@@ -239,9 +234,8 @@ _SPLITS_BLOCK = 128  # splits reduced at a time (_argmax_splits_kernel)
 _APPLY_BLOCK = 2048
 
 
-def _checked_mask_rows(logits: torch.Tensor, bitmask: torch.Tensor | None,
-                      mask_rows: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
-    """Raises on a bad input; the mask rows to launch with."""
+def _check(logits: torch.Tensor, bitmask: torch.Tensor | None, mask_rows: torch.Tensor | None,
+           vocab_size: int) -> None:
     if logits.dim() != 2 or logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be a 2-D float32/bfloat16/float16 tensor, got "
                          f"{tuple(logits.shape)} {logits.dtype}")
@@ -261,6 +255,8 @@ def _checked_mask_rows(logits: torch.Tensor, bitmask: torch.Tensor | None,
                              f"{vocab_size} needs {needed}")
         if bitmask.device != logits.device:
             raise ValueError(f"bitmask is on {bitmask.device}, logits on {logits.device}")
+    if (bitmask is None) != (mask_rows is None):
+        raise ValueError("bitmask and mask_rows are given together, or neither")
     if mask_rows is not None:
         if mask_rows.shape != (logits.shape[0],) or mask_rows.dtype not in (torch.int32,
                                                                             torch.int64):
@@ -268,12 +264,6 @@ def _checked_mask_rows(logits: torch.Tensor, bitmask: torch.Tensor | None,
                              f"got {tuple(mask_rows.shape)} {mask_rows.dtype}")
         if mask_rows.device != logits.device:
             raise ValueError(f"mask_rows is on {mask_rows.device}, logits on {logits.device}")
-    elif bitmask is not None:
-        if bitmask.shape[0] < logits.shape[0]:
-            raise ValueError(f"mask_rows=None needs one bitmask row per logits row: "
-                             f"{bitmask.shape[0]} < {logits.shape[0]}")
-        mask_rows = torch.arange(logits.shape[0], dtype=torch.int32, device=logits.device)
-    return mask_rows
 
 
 def _default_num_splits(num_rows: int, num_cols: int, device: torch.device) -> int:
@@ -298,11 +288,11 @@ def masked_sample(
     """Mask + temperature + Gumbel-max sample in one pass over the logits; [B] int64 token ids.
 
     logits [B, V_logits] float (read only); bitmask [M, W] int32 or None; mask_rows [B] int32:
-    bitmask row for logits row b or -1 (unconstrained); None with a bitmask = row b uses bitmask
-    row b (M >= B), None without one = all unconstrained; temperature [B] float32 (<= 1e-5:
-    greedy); seeds [B] int64. num_splits: vocab chunks per row (None: chosen to fill the GPU).
+    bitmask row for logits row b or -1 (unconstrained), None with no bitmask; temperature [B]
+    float32 (<= 1e-5: greedy); seeds [B] int64. num_splits: vocab chunks per row (None: chosen to
+    fill the GPU).
     """
-    mask_rows = _checked_mask_rows(logits, bitmask, mask_rows, vocab_size)
+    _check(logits, bitmask, mask_rows, vocab_size)
     num_rows = logits.shape[0]
     for name, t, dtype in (("temperature", temperature, torch.float32),
                            ("seeds", seeds, torch.int64)):
@@ -343,14 +333,13 @@ def masked_sample(
 def apply_token_bitmask_(
     logits: torch.Tensor,
     bitmask: torch.Tensor,
-    mask_rows: torch.Tensor | None = None,
+    mask_rows: torch.Tensor,
     *,
     vocab_size: int,
 ) -> None:
     """In place: logits[b, j] = -inf where token j is disallowed by bitmask row mask_rows[b] or
-    j >= vocab_size; rows with mask_rows -1 get only the padded columns masked. mask_rows None:
-    row b uses bitmask row b."""
-    mask_rows = _checked_mask_rows(logits, bitmask, mask_rows, vocab_size)
+    j >= vocab_size; rows with mask_rows -1 get only the padded columns masked."""
+    _check(logits, bitmask, mask_rows, vocab_size)
     num_rows, num_cols = logits.shape
     if not use_triton(logits):
         apply_token_bitmask_ref_(logits, bitmask, mask_rows, vocab_size=vocab_size)

@@ -225,7 +225,10 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
         bm.masked_sample(x["logits"], x["bitmask"], x["mask_rows"], x["temperature"],
                          x["seeds"].int(), vocab_size=1001)
     with pytest.raises(ValueError, match="contiguous"):
-        bm.apply_token_bitmask_(x["logits"].t(), x["bitmask"], None, vocab_size=1001)
+        bm.apply_token_bitmask_(x["logits"].t(), x["bitmask"], x["mask_rows"], vocab_size=1001)
+    with pytest.raises(ValueError, match="together"):
+        bm.masked_sample(x["logits"], x["bitmask"], None, x["temperature"], x["seeds"],
+                         vocab_size=1001)
 
 
 @pytest.mark.gpu
@@ -248,7 +251,7 @@ def test_gpu_realistic_sizes(vocab_size: int, pad: int) -> None:
     c = x["logits"].clone()
     xgr.apply_token_bitmask_inplace(c, x["bitmask"][rows].contiguous(), vocab_size=vocab_size)
     d = x["logits"].clone()
-    bm.apply_token_bitmask_(d, x["bitmask"][rows].contiguous(), vocab_size=vocab_size)
+    bm.apply_token_bitmask_(d, x["bitmask"], rows, vocab_size=vocab_size)
     assert torch.equal(c[:, :vocab_size], d[:, :vocab_size])
 
 
