@@ -224,14 +224,6 @@ def gguf_config(reader, path: Path) -> ModelConfig:
     )
 
 
-def _rope_heads(arch: str, config: ModelConfig, gguf_name: str) -> int | None:
-    """The head count of a llama GGUF's q/k (rows permuted per head); else None."""
-    kind = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
-    if arch != "llama" or kind not in ("attn_q", "attn_k"):
-        return None
-    return config.num_heads if kind == "attn_q" else config.num_kv_heads
-
-
 def read_gguf_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and every tensor, dequantized to fp32, in memory at once."""
     reader = GgufReader(path)
@@ -268,7 +260,10 @@ class GgufReader:
             return
         rows = range(piece.start, piece.stop) if piece.dim == 0 else range(shape[0])
         cols = slice(piece.start, piece.stop) if piece.dim == 1 else slice(None)
-        heads = _rope_heads(self._arch, self.config, t.name)
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        heads = None  # a llama GGUF's q and k rows are permuted per head
+        if self._arch == "llama" and kind in ("attn_q", "attn_k"):
+            heads = self.config.num_heads if kind == "attn_q" else self.config.num_kv_heads
         head_rows = shape[0] // heads if heads else 1
         step = max(head_rows, CHUNK_ROWS // head_rows * head_rows)  # whole heads: unpermutable
         for start in range(rows.start, rows.stop, step):

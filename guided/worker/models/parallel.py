@@ -108,8 +108,6 @@ def split_range(size: int, rank: int, world_size: int) -> range:
 @dataclass(frozen=True, slots=True)
 class ShardLayout:
     """What one rank holds of a llama-family model (global indices)."""
-    rank: int
-    world_size: int
     q_heads: range  # the query heads this rank attends with
     kv_heads: range  # the KV heads they read: this rank's KV cache holds exactly these
     intermediate: range  # its columns of the MLP's intermediate activation
@@ -141,8 +139,7 @@ def shard_layout(cfg: ModelConfig, rank: int, world_size: int) -> ShardLayout:
         raise ValueError(f"tensor_parallel_size {world_size} exceeds {cfg.name}'s MLP width")
     vocab_rows = -(-cfg.vocab_size // world_size)
     start = min(rank * vocab_rows, cfg.vocab_size)
-    return ShardLayout(rank, world_size, q_heads, kv_heads,
-                       split_range(cfg.intermediate_size, rank, world_size),
+    return ShardLayout(q_heads, kv_heads, split_range(cfg.intermediate_size, rank, world_size),
                        range(start, min(start + vocab_rows, cfg.vocab_size)), vocab_rows)
 
 
