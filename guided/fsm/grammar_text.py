@@ -17,7 +17,7 @@ import re._parser as sre_parse
 
 from guided.fsm.schema_formats import REGEX_ATOM
 
-_SURROGATES = (0xD800, 0xDFFF)
+SURROGATES = (0xD800, 0xDFFF)  # not characters: a class left with only these matches nothing
 _LENGTHS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
 # the class escapes as xgrammar reads them (ASCII), as code point ranges
 _DIGIT = [(0x30, 0x39)]
@@ -104,7 +104,7 @@ def budget_long_repetitions(ebnf: str) -> str | None:
 
 def _ebnf_class(text: str) -> str:
     ranges = _class_ranges(text)
-    if ranges is None or not any(lo <= _SURROGATES[1] and hi >= _SURROGATES[0]
+    if ranges is None or not any(lo <= SURROGATES[1] and hi >= SURROGATES[0]
                                  for lo, hi in ranges):
         return text
     if text.startswith("[^"):  # the shortest spelling: one more range left out
@@ -136,12 +136,12 @@ def _class_ranges(text: str) -> list[tuple[int, int]] | None:
         elif kind is sre.RANGE:
             ranges.append(value)
         elif kind is sre.CATEGORY and value in _CATEGORIES:
-            members, complement = _CATEGORIES[value]
-            ranges += _complement(members) if complement else members
+            members, inverted = _CATEGORIES[value]
+            ranges += complement(members) if inverted else members
         else:
             return None
     ranges = _merged(ranges)
-    return _complement(ranges) if negated else ranges
+    return complement(ranges) if negated else ranges
 
 
 def _merged(ranges: list) -> list[tuple[int, int]]:
@@ -154,7 +154,8 @@ def _merged(ranges: list) -> list[tuple[int, int]]:
     return out
 
 
-def _complement(ranges: list) -> list[tuple[int, int]]:
+def complement(ranges: list) -> list[tuple[int, int]]:
+    """The code points up to U+10FFFF outside ranges, as sorted disjoint ranges."""
     out, at = [], 0
     for lo, hi in _merged(ranges):
         if lo > at:
@@ -165,7 +166,7 @@ def _complement(ranges: list) -> list[tuple[int, int]]:
 
 def _by_length(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     """The ranges less the surrogates, split by UTF-8 length (the non-empty lengths only)."""
-    allowed = _complement([_SURROGATES])
+    allowed = complement([SURROGATES])
     parts = []
     for first, last in _LENGTHS:
         part = [(max(lo, a, first), min(hi, b, last)) for lo, hi in ranges for a, b in allowed]
