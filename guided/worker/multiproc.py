@@ -138,9 +138,9 @@ class RankHandle:
 
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, *, vocab_size: int,
-                 step_times: StepTimes | None = None):
-        self.world_size = n = config.tensor_parallel_size
-        self.times = step_times or StepTimes()
+                 step_times: StepTimes):
+        n = config.tensor_parallel_size
+        self.times = step_times
         device = resolve_device(config)
         if device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size {n} needs {n} GPUs; "
