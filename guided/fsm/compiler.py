@@ -211,7 +211,7 @@ class GrammarCompiler:
                 if self._llguidance is None:
                     self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
             backend = self._llguidance
-            initial = backend.start(backend.compile(restated))
+            initial = backend.start(restated)
         except Exception as e:  # noqa: BLE001 - llguidance's refusal: xgrammar serves it
             log.info("json schema on xgrammar: llguidance: %s", str(e)[:200])
             return None

@@ -49,22 +49,19 @@ class CachedEncoder:
         return list(self._encode(text))
 
 
-def complete_utf8_prefix(data: bytes) -> bytes:
-    """The longest prefix of data that ends on a UTF-8 character boundary."""
-    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
-        try:
-            data[:cut].decode("utf-8")
-            return data[:cut]
-        except UnicodeDecodeError:
-            continue
-    return b""
-
-
 def _decodes(data: bytes) -> str | None:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def complete_utf8_prefix(data: bytes) -> bytes:
+    """The longest prefix of data that ends on a UTF-8 character boundary."""
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        if _decodes(data[:cut]) is not None:
+            return data[:cut]
+    return b""
 
 
 def retokenize(tokenizer, token_bytes: list[bytes], output_ids: list[int], forced: bytes

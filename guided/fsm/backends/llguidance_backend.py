@@ -120,20 +120,15 @@ class LLGuidanceBackend:
                                      n_vocab=vocab.vocab_size,
                                      eos_token=list(vocab.eos_token_ids))
 
-    def compile(self, schema: dict) -> str:
-        """The llguidance grammar of a restated schema; ConstraintError where it refuses."""
+    def start(self, schema: dict):
+        """A matcher at the start of a restated schema's grammar, to copy for each request
+        (LLGuidanceMatcher); ConstraintError where llguidance refuses the schema."""
         from llguidance import LLMatcher
 
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS)
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error or messages:  # a warning may be a keyword it did not enforce
             raise ConstraintError(f"llguidance: {'; '.join(messages)[:300]}")
-        return grammar
-
-    def start(self, grammar: str):
-        """A matcher at the grammar's start, to copy for each request (LLGuidanceMatcher)."""
-        from llguidance import LLMatcher
-
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(f"llguidance: {matcher.get_error()[:300]}")
