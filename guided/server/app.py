@@ -9,6 +9,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from guided.errors import (
@@ -29,7 +30,7 @@ from guided.server.admission import (
     register_metrics,
 )
 from guided.server.constraint_fields import constraint_kwargs, sampling_extras
-from guided.server.metrics import CONTENT_TYPE, ServerMetrics
+from guided.server.metrics import ServerMetrics
 from guided.server.native_routes import add_native_routes
 from guided.server.tool_output import detect_format
 from guided.server.tools import (
@@ -116,8 +117,11 @@ class Server:
         ids, plan = self.chat_prompt(req)
         num_top = (req.top_logprobs or 0) if req.logprobs else 0
         logprobs = num_top if req.logprobs else None
+        # {"enable_thinking": false} (Qwen3's template's switch, honoured by vLLM's and SGLang's
+        # parsers) turns reasoning off: the constraint applies at once
+        thinks = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         job = jobs.Job(jobs.new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
-                       reasoning=self.reasoning and jobs.thinks(req))
+                       reasoning=self.reasoning and thinks)
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         self._quick_check(job)
         return job
@@ -241,14 +245,11 @@ class Server:
         """The finished output of every choice (choices with max_tokens 0 have no stream)."""
         async def last(stream: RequestStream) -> RequestOutput:
             out = None
-            try:
-                async for out in stream:
-                    pass
-            finally:
-                stream.abort()
+            async for out in stream:
+                pass
             return out
 
-        try:
+        try:  # every stream is aborted however gather ends (an error, the client leaving)
             results = iter(await asyncio.gather(*(last(s) for s in streams)))
         finally:
             streaming.abort_all(streams)
@@ -364,6 +365,6 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -18,8 +18,7 @@ from guided.errors import InvalidRequestError
 from guided.server.streaming import ClientGone
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # far above any prompt that fits a context; a 413 past it
-# an error message quotes at most this much (a 1 MB model name used to come back whole)
-MAX_ERROR_CHARS = 1000
+MAX_ERROR_CHARS = 1000  # an error message quotes at most this much of the input
 # a lone surrogate can only arrive as a JSON escape (\ud800): raw bytes of one are not UTF-8
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -75,7 +74,7 @@ async def read_json(request: Request):
             if size > MAX_BODY_BYTES:
                 raise BodyTooLarge
             chunks.append(chunk)
-    except ClientDisconnect:  # gone while sending its body: nobody to answer (was a 500)
+    except ClientDisconnect:  # gone while sending its body: nobody to answer
         raise ClientGone from None
     raw = b"".join(chunks)
     try:

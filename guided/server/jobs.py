@@ -1,8 +1,6 @@
-"""One HTTP request as engine requests (`Job`) and its answer: outputs of choices that need no
-engine, messages and tool calls, logprobs in OpenAI's formats, the non-streamed bodies, error
-payloads, ids; and reasoning models (`guided serve --reasoning-parser`), whose output opens
-with a `<think> ... </think>` section of free text that comes back as `reasoning_content`, the
-request's constraint applying after it (a structural tag: the think tag, then the constraint)."""
+"""One HTTP request as engine requests (`Job`) and its answer in OpenAI's formats. Under
+`--reasoning-parser` the output opens with a free `<think> ... </think>` section, returned as
+`reasoning_content`; the request's constraint applies after it (a structural tag)."""
 from __future__ import annotations
 
 import json
@@ -44,12 +42,6 @@ def _inner_format(kwargs: dict) -> dict[str, Any]:
         return tag["format"]
     raise InvalidRequestError("a structural_tag cannot follow the reasoning section of a "
                               "reasoning parser", param="structural_tag")
-
-
-def thinks(req) -> bool:
-    """`chat_template_kwargs: {"enable_thinking": false}` (Qwen3's template's switch, honoured
-    by vLLM's and SGLang's parsers) turns reasoning off: the constraint applies at once."""
-    return (req.chat_template_kwargs or {}).get("enable_thinking") is not False
 
 
 def wrap_constraint(kwargs: dict, prompt_text: str) -> dict:

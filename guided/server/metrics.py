@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -16,8 +16,6 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                  1.0, 2.5)
 _COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                     5.0, 10.0, 30.0)
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class _EngineCollector(Collector):
@@ -72,7 +70,7 @@ class _EngineCollector(Collector):
 
 class ServerMetrics:
     def __init__(self, get_stats: Callable[[], EngineStats],
-                 get_grammar_cache: Callable[[], tuple[int, int]] = lambda: (0, 0)):
+                 get_grammar_cache: Callable[[], tuple[int, int]]):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(get_stats, get_grammar_cache))
 
@@ -102,6 +100,3 @@ class ServerMetrics:
             if m.first_token_time is not None and num_tokens > 1:
                 self.tpot.observe(max(m.finished_time - m.first_token_time, 0.0)
                                   / (num_tokens - 1))
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

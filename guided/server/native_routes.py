@@ -1,9 +1,6 @@
 """The routes vLLM and SGLang clients call beside the OpenAI API: /tokenize, /detokenize,
-/version, /get_model_info, GET /v1/models/{id}, and SGLang's POST /generate: `text` or
-`input_ids` (one prompt or a batch), `sampling_params` (SGLang's names and constraint fields,
-`no_stop_trim`), `return_logprob` (meta_info's output_token_logprobs and output_top_logprobs:
-(logprob, token id, text or None) per token) and `stream` (SSE of the cumulative text and
-meta_info, then `data: [DONE]`)."""
+/version, /get_model_info, GET /v1/models/{id}, and SGLang's POST /generate (one prompt or a
+batch, SGLang's sampling_params and logprobs in meta_info, streamed as SSE)."""
 from __future__ import annotations
 
 import asyncio
@@ -103,10 +100,6 @@ class GenerateSamplingParams(ConstraintExtensions):
     @property
     def seed(self) -> int | None:
         return self.sampling_seed
-
-    @property
-    def response_format(self) -> None:
-        return None
 
 
 class GenerateRequest(P._Request):

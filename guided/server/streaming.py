@@ -168,12 +168,9 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         else:
             content = text[sent_text[i]:]
             sent_text[i] = len(text)
-        logprobs = None
-        if job.params[i].logprobs is not None:
-            new_entries = (out.logprobs or [])[sent_tokens[i]:]
-            if new_entries:
-                logprobs = chat_logprobs(new_entries, server.texts, job.num_top)
-                sent_tokens[i] += len(new_entries)
+        new_entries = (out.logprobs or [])[sent_tokens[i]:]  # out.logprobs: None unless asked
+        sent_tokens[i] += len(new_entries)
+        logprobs = chat_logprobs(new_entries, server.texts, job.num_top) if new_entries else None
         finish = finish_reason(out, bool(streamers[i] and streamers[i].calls))
         legacy = job.plan is not None and job.plan.legacy
         if finish == "tool_calls" and legacy:
@@ -222,13 +219,12 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         text = visible(out)
         new_text = text[sent_text[i]:]
         sent_text[i] = len(text)
+        new_entries = (out.logprobs or [])[sent_tokens[i]:]
+        sent_tokens[i] += len(new_entries)
         logprobs = None
-        if job.params[i].logprobs is not None:
-            new_entries = (out.logprobs or [])[sent_tokens[i]:]
-            if new_entries:
-                logprobs = completion_logprobs(new_entries, server.texts, job.num_top,
-                                                 offsets[i] + len(text) - len(new_text))
-                sent_tokens[i] += len(new_entries)
+        if new_entries:
+            logprobs = completion_logprobs(new_entries, server.texts, job.num_top,
+                                           offsets[i] + len(text) - len(new_text))
         finish = out.finish_reason if out.finished else None
         if logprobs:
             yield frame.completion([P.CompletionChoice(index=i, text=new_text, logprobs=logprobs,
@@ -261,7 +257,7 @@ async def _ended(body: AsyncIterator[str]) -> AsyncIterator[str]:
     try:
         async for chunk in body:
             yield chunk
-    except Exception as e:  # noqa: BLE001 - a bug while streaming: the client still gets an end
+    except Exception as e:  # a bug while streaming: the client still gets an end
         logger.exception("a stream failed")
         yield sse(P.error_body(f"internal error while streaming: {type(e).__name__}",
                                type="internal_error", code=500))

@@ -197,7 +197,7 @@ def partial_marker_len(text: str, marker: str) -> int:
 
 def output_kind(plan: ToolPlan, text: str) -> Literal["tools", "text"] | None:
     """Tool calls, a text answer (auto's {"content": ...}), or None: not known yet."""
-    if plan.json_output:
+    if plan.mode != "auto":  # required / named: the whole output is JSON calls
         return "tools"
     stripped = text.lstrip()
     if stripped.startswith("["):

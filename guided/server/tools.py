@@ -30,23 +30,16 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 CONTENT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {CONTENT_KEY: {"type": "string"}},
                                   "required": [CONTENT_KEY], "additionalProperties": False}
 
-Mode = Literal["auto", "required", "named"]
-
-
 @dataclass(slots=True)
 class ToolPlan:
     """How one request uses tools: the constraint to send and how to read the output."""
 
-    mode: Mode
+    mode: Literal["auto", "required", "named"]
     functions: list[dict[str, Any]]  # [{"name", "description", "parameters"}] offered
     parallel: bool
     constraint: dict[str, Any] = field(default_factory=dict)  # SamplingParams kwargs
     legacy: bool = False  # the request sent `functions`: answer with message.function_call
     format: ToolFormat | None = None  # auto in a template's tool-call format (structural tag)
-
-    @property
-    def json_output(self) -> bool:  # required / named: the whole output is JSON
-        return self.mode != "auto"
 
 
 def plan_request_tools(req: ChatCompletionRequest, tool_format: ToolFormat | None = None
