@@ -118,7 +118,7 @@ def _structured_outputs(so: Any) -> list[tuple[str, dict]]:
     return found
 
 
-def _response_format(rf) -> list[tuple[str, dict]]:
+def response_format_constraint(rf) -> list[tuple[str, dict]]:
     if rf is None or rf.type == "text":
         return []
     if rf.type == "json_object":
@@ -140,7 +140,7 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
         # a response_format beside tools shapes the text answer inside the tool constraint
         found.append(("tools", tool_constraint))
     else:
-        found += _response_format(getattr(req, "response_format", None))
+        found += response_format_constraint(getattr(req, "response_format", None))
     for name, kind in TOP_LEVEL.items():
         value = getattr(req, name, None)
         if value is not None:

@@ -100,10 +100,12 @@ def visible(out: RequestOutput) -> str:
     return out.text if out.finished else out.text.rstrip("\ufffd")
 
 
-def finish_reason(out: RequestOutput, calls: bool) -> str | None:
+def finish_reason(out: RequestOutput, calls: bool, legacy: bool) -> str | None:
     if not out.finished:
         return None
-    return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+    if calls and out.finish_reason == "stop":
+        return "function_call" if legacy else "tool_calls"
+    return out.finish_reason
 
 
 def message_out(plan: ToolPlan | None, out: RequestOutput, *, reasoning: bool = False
@@ -113,10 +115,9 @@ def message_out(plan: ToolPlan | None, out: RequestOutput, *, reasoning: bool = 
     message.function_call; the think section of a reasoning parser is reasoning_content."""
     thought, text = split_reasoning(out.text) if reasoning else (None, out.text)
     content, calls = parse_output(plan, text) if plan else (text, None)
-    reason = finish_reason(out, bool(calls))
+    reason = finish_reason(out, bool(calls), bool(plan and plan.legacy))
     if calls and plan.legacy:
         message = P.ChatMessageOut(content=content or "", function_call=calls[0].function)
-        reason = "function_call" if reason == "tool_calls" else reason
     else:
         message = P.ChatMessageOut(content=content, tool_calls=calls)
     if thought is not None:

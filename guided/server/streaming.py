@@ -145,6 +145,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
     frame = ChunkFrame(job.request_id, job.model, "chat.completion.chunk")
     sent_text, sent_tokens, sent_thought = [0] * n, [0] * n, [0] * n
     streamers = [ToolCallStreamer(job.plan) if job.plan else None for _ in range(n)]
+    legacy = job.plan is not None and job.plan.legacy
     finals: dict[int, RequestOutput] = {}
 
     for i in range(n):  # the body runs in merged(), which aborts the requests at its end
@@ -171,10 +172,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         new_entries = (out.logprobs or [])[sent_tokens[i]:]  # out.logprobs: None unless asked
         sent_tokens[i] += len(new_entries)
         logprobs = chat_logprobs(new_entries, server.texts, job.num_top) if new_entries else None
-        finish = finish_reason(out, bool(streamers[i] and streamers[i].calls))
-        legacy = job.plan is not None and job.plan.legacy
-        if finish == "tool_calls" and legacy:
-            finish = "function_call"
+        finish = finish_reason(out, bool(streamers[i] and streamers[i].calls), legacy)
         if tool_deltas or logprobs:
             delta = P.ChatDelta(content=content or None, tool_calls=[
                 P.ToolCallDelta.model_validate(d) for d in tool_deltas or ()] or None)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from guided.errors import ConstraintError, InvalidRequestError
 from guided.fsm.schema_check import check_schema
+from guided.server.constraint_fields import response_format_constraint
 from guided.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -70,17 +71,13 @@ def plan_request_tools(req: ChatCompletionRequest, tool_format: ToolFormat | Non
 
 
 def _content_schema(response_format) -> dict[str, Any] | None:
-    if response_format is None or response_format.type == "text":
-        return None
-    if response_format.type == "json_object":
-        return {"type": "object"}
-    if response_format.type == "structural_tag":
+    if response_format is not None and response_format.type == "structural_tag":
         raise InvalidRequestError("a structural_tag response_format together with tools is not "
                                   "supported; send one of them", param="response_format")
-    if response_format.json_schema is None or response_format.json_schema.schema_ is None:
-        raise InvalidRequestError("response_format json_schema needs json_schema.schema",
-                                  param="response_format.json_schema.schema")
-    schema = response_format.json_schema.schema_
+    found = response_format_constraint(response_format)
+    if not found:
+        return None
+    schema = found[0][1].get("json_schema", {"type": "object"})  # json_object: any object
     return schema if isinstance(schema, dict) else {}
 
 
