@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from guided.config import EngineConfig
@@ -19,6 +20,7 @@ from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, samp
                                    warm_sampling_kernels)
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
+from guided.worker.step_upload import StepUpload
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class StepInputs:
     positions: torch.Tensor  # (T,)
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # (N,) rows of the packed batch that are sampled
+    placeholder_index: torch.Tensor  # (P,) input_ids taking a sampled id of the step in flight
+    placeholder_row: torch.Tensor  # (P,) which of its rows
 
 
 class ModelRunner:
@@ -83,6 +87,7 @@ class ModelRunner:
         self._mask_buffers: list[torch.Tensor | None] = [None, None]
         self._mask_copied: list[torch.cuda.Event | None] = [None, None]
         self._next_mask = 0
+        self._upload = StepUpload(self.device)
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
         if self.use_triton and config.cuda_graphs:
@@ -139,16 +144,21 @@ class ModelRunner:
         return list_tensor(values, dtype).to(self.device, non_blocking=True)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
+        arrays = [np.array(values, dtype=dtype) for values, dtype in (
+            (out.input_ids, np.int64), (out.positions, np.int64),
+            (out.logits_indices, np.int64), (out.slot_mapping, np.int64),
+            (out.block_tables, np.int32), (out.query_start_loc, np.int32),
+            (out.seq_lens, np.int32), (out.placeholder_index, np.int64),
+            (out.placeholder_row, np.int64))]
+        (input_ids, positions, logits_indices, slot_mapping, block_tables, query_start_loc,
+         seq_lens, placeholder_index, placeholder_row) = self._upload.upload(arrays)
         meta = AttentionMetadata(
-            slot_mapping=self._to_device(out.slot_mapping, torch.int64),
-            block_tables=self._to_device(out.block_tables, torch.int32),
-            query_start_loc=self._to_device(out.query_start_loc, torch.int32),
-            seq_lens=self._to_device(out.seq_lens, torch.int32),
+            slot_mapping=slot_mapping, block_tables=block_tables,
+            query_start_loc=query_start_loc, seq_lens=seq_lens,
             max_query_len=max(out.query_lens), max_seq_len=max(out.seq_lens),
             use_triton=self.use_triton)
-        return StepInputs(self._to_device(out.input_ids, torch.int64),
-                          self._to_device(out.positions, torch.int64), meta,
-                          self._to_device(out.logits_indices, torch.int64))
+        return StepInputs(input_ids, positions, meta, logits_indices, placeholder_index,
+                          placeholder_row)
 
     def launch(self, out: SchedulerOutput) -> None:
         """Queue the forward pass and logits; placeholder inputs are the last sampled ids."""
@@ -158,9 +168,8 @@ class ModelRunner:
             inputs = self.prepare(out)
         with torch.inference_mode(), self.times.phase("forward_launch"):
             if out.placeholder_index:
-                index = self._to_device(out.placeholder_index, torch.int64)
-                rows = self._to_device(out.placeholder_row, torch.int64)
-                inputs.input_ids[index] = self._last_sampled.token_ids[rows]
+                inputs.input_ids[inputs.placeholder_index] = (
+                    self._last_sampled.token_ids[inputs.placeholder_row])
             hidden = self._forward(inputs, has_drafts=out.has_drafts)
             logits = None
             if out.logits_indices:
