@@ -18,6 +18,8 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
+import torch
+
 from guided.worker import loader
 from guided.worker import multiproc as mp
 from guided.worker.model_runner import LocalExecutor, ModelRunner, resolve_device
@@ -47,6 +49,10 @@ class RankWorker:
         self.runner = ModelRunner(spec.config, spec.model_config,
                                   loader.weight_reader(spec.config.model, spec.config.seed),
                                   vocab_size=spec.vocab_size, ctx=self.ctx)
+        if self.runner.device.type == "cuda":
+            # a step's CPU work is small copies: torch's thread pool, one per rank, only spun
+            # against the others (a step's mask copy took two thirds of a rank's time at TP 4)
+            torch.set_num_threads(1)
         self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
                                 spec.world_size)
         # rank 0 on a GPU sends from a thread: waiting for step t's tokens never holds up t+1
