@@ -6,8 +6,9 @@ of its samples); vLLM's engine core and SGLang's scheduler run apart from the AP
 
     server process (EngineClient)                   engine process (this module)
     Add / Abort / Compile / Ping / Stop  -------->  reader thread -> EngineLoop's queue
-    Accepted, Compiled, Outputs, Pong  <----------  EngineLoop: steps while there is work;
-                                                    a step's outputs as deltas, one batch
+    Accepted, Compiled, Outputs, Pong  <----------  outbox thread <- EngineLoop: steps while
+                                                    there is work; a step's outputs as deltas,
+                                                    one batch
 """
 from __future__ import annotations
 
@@ -230,6 +231,37 @@ class EngineLoop:
             logger.exception("engine.stats() failed")
 
 
+class Outbox:
+    """The pipe to the server, written by a thread of its own, in order: the step loop never
+    waits on a server slow to read (its sends were 5% of the loop's py-spy samples on the 8B
+    shape, 14% at TP 4), and pickling runs while the loop waits on the GPU."""
+
+    _CLOSE = object()
+
+    def __init__(self, events):
+        self._events = events
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="engine-outbox", daemon=True)
+        self._thread.start()
+
+    def send(self, message) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        self._queue.put(self._CLOSE)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not self._CLOSE:
+            try:
+                self._events.send(message)
+            except (OSError, ValueError):  # the server is gone: nobody listens any more
+                pass
+            except Exception:  # noqa: BLE001 - one message lost, not the pipe
+                logger.exception("a %s message could not be sent", type(message).__name__)
+
+
 def main(config, commands, events, log_level: str = "info",
          build_engine: Callable[[], object] | None = None) -> None:
     """The engine process: build the engine (the real one for `config`, or build_engine's: the
@@ -241,15 +273,8 @@ def main(config, commands, events, log_level: str = "info",
     # reaches the whole process group, and a server that dies closes the pipe (EOF: stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lock = threading.Lock()
-
-    def send(message) -> None:
-        with lock:
-            try:
-                events.send(message)
-            except (OSError, ValueError):  # the server is gone: nobody listens any more
-                pass
-
+    outbox = Outbox(events)
+    send = outbox.send
     try:
         if build_engine is None:
             from guided.engine.core import Engine
@@ -260,6 +285,7 @@ def main(config, commands, events, log_level: str = "info",
     except BaseException as e:
         logger.exception("the engine failed to start")
         send(m.Failed(f"{type(e).__name__}: {e}"))
+        outbox.close()
         return
     executor = getattr(core, "executor", None)
     send(m.EngineInfo(
@@ -281,5 +307,6 @@ def main(config, commands, events, log_level: str = "info",
     threading.Thread(target=read, name="engine-commands", daemon=True).start()
     loop.run()
     send(m.Stopped())
+    outbox.close()
     logging.shutdown()
     os._exit(0)  # done: the interpreter's teardown has nothing left to do but report leaks

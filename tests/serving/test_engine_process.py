@@ -3,6 +3,7 @@ HTTP statuses, and compiles the server gave up on are dropped (the loop's end-to
 tests/serving/test_client.py)."""
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -18,7 +19,7 @@ from guided.fsm.settings import CompileSettings
 from guided.outputs import EngineStats
 from guided.params import ConstraintSpec
 from guided.serving import messages as m
-from guided.serving.engine_process import EngineLoop
+from guided.serving.engine_process import EngineLoop, Outbox
 
 
 def roundtrip(error):
@@ -86,3 +87,26 @@ def test_a_compile_the_server_gave_up_on_is_dropped(tokenizer):
         release.set()
         engine.take(m.Stop(0.0))
         compiler.shutdown()
+
+
+def test_the_outbox_sends_in_order_and_a_bad_message_loses_only_itself(caplog):
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    outbox = Outbox(sender)
+    outbox.send(m.Pong())
+    outbox.send(threading.Lock())  # cannot be pickled: logged and dropped
+    for i in range(200):
+        outbox.send(m.Accepted(f"r{i}", None))
+    outbox.close()
+    assert isinstance(receiver.recv(), m.Pong)
+    assert [receiver.recv().request_id for _ in range(200)] == [f"r{i}" for i in range(200)]
+    assert not receiver.poll()
+    assert "a lock message could not be sent" in caplog.text
+
+
+def test_the_outbox_outlives_a_server_that_went_away():
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    receiver.close()
+    outbox = Outbox(sender)
+    outbox.send(m.Pong())
+    outbox.send(m.Pong())
+    outbox.close()  # returns: nothing raised, nothing left waiting
