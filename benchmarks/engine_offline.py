@@ -75,6 +75,8 @@ def run(engine: Engine, rows: list[dict], max_tokens: int | list[int], free: boo
                 tokens += len(out.token_ids)
                 refused += out.finish_reason == "error"
                 lengths[int(out.request_id[len(tag):])] = len(out.token_ids)
+        if not outputs:  # as LLM.generate: no spinning while only compiles are pending
+            engine.wait_for_compiles(0.05)
     elapsed = time.perf_counter() - t0
     return {"tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed,
             "refused": refused,

@@ -10,6 +10,10 @@ from guided.engine.core import Engine
 from guided.outputs import RequestOutput
 from guided.params import SamplingParams
 
+# the longest generate() waits for a compile while nothing else can step (a compile that ends
+# wakes it at once)
+COMPILE_POLL_S = 0.05
+
 
 class LLM:
     def __init__(self, model: str = "default", **config):
@@ -34,9 +38,12 @@ class LLM:
                 ids.append(request_id)
             done: dict[str, RequestOutput] = {}
             while len(done) < len(ids):
-                for out in self.engine.step():
+                outputs = self.engine.step()
+                for out in outputs:
                     if out.finished:
                         done[out.request_id] = out
+                if not outputs:
+                    self.engine.wait_for_compiles(COMPILE_POLL_S)
         except BaseException:
             for request_id in ids:
                 self.engine.abort_request(request_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+from concurrent import futures
 import time
 from dataclasses import dataclass
 
@@ -148,6 +149,17 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.num_unfinished > 0 or bool(self._changed)
                 or self._launched is not None or self._sampled is not None)
+
+    def wait_for_compiles(self, timeout: float) -> None:
+        """While every unfinished request waits for its grammar, block until one compiles (or
+        `timeout` passes): a caller with nothing to step waits here rather than spinning on
+        step(), which held the GIL and a core from the compiles it waited for."""
+        s = self.scheduler
+        if s.running or s.waiting or self._launched is not None or self._sampled is not None:
+            return
+        pending = [request.grammar_future for request in s.compiling]
+        if pending:
+            futures.wait(pending, timeout=timeout, return_when=futures.FIRST_COMPLETED)
 
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

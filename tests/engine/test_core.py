@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -198,3 +199,22 @@ def test_a_fault_in_one_request_of_a_running_batch_fails_that_request_only(llm):
         assert done[rid].finish_reason == "stop", done[rid]
         jsonschema.validate(json.loads(done[rid].text), schema)
     assert engine.stats().kv_blocks_in_use == 0
+
+
+def test_with_only_compiles_pending_the_engine_waits_for_one_instead_of_spinning(llm):
+    engine = llm.engine
+    schema = {"type": "object", "properties": {"wait_probe": {"type": "integer", "minimum": 7}},
+              "required": ["wait_probe"]}  # compiled nowhere else: pending once added
+    engine.add_request("wait-probe", prompt_ids(llm),
+                       SamplingParams(max_tokens=4, json_schema=schema))
+    request = engine.requests["wait-probe"]
+    t0 = time.monotonic()
+    engine.wait_for_compiles(timeout=60)
+    assert request.grammar_future.done() and time.monotonic() - t0 < 60
+    engine.step()  # promoted and launched: there is a step to run, so no waiting
+    t0 = time.monotonic()
+    engine.wait_for_compiles(timeout=5)
+    assert time.monotonic() - t0 < 0.5
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert request.is_finished and request.finish_reason in ("stop", "length")
