@@ -1,6 +1,6 @@
 """A step's integer inputs to the device in one copy: packed into a pinned host buffer and
 viewed out of the copy on the device. Each array copied on its own from pageable memory cost a
-staged copy and a launch apiece, a dozen a step."""
+staged copy and a launch apiece, nine a step."""
 from __future__ import annotations
 
 import numpy as np
