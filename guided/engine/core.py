@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import random
-from concurrent import futures
 import time
+from concurrent import futures
 from dataclasses import dataclass
 
 from guided.config import EngineConfig
