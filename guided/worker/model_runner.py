@@ -16,13 +16,8 @@ from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import AttentionMetadata, build_model
 from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 from guided.worker.models.weights import WeightReader
-from guided.worker.sampler import (
-    DeviceSample,
-    SamplingRows,
-    list_tensor,
-    sample_on_device,
-    warm_sampling_kernels,
-)
+from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, sample_on_device,
+                                   warm_sampling_kernels)
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
 from guided.worker.step_upload import StepUpload
