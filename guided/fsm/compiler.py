@@ -35,6 +35,7 @@ from guided.params import ConstraintSpec
 MAX_QUEUED_COMPILES = 256
 # regexes, grammars and schemas up to this long have their bounds checked at submit (ms)
 QUICK_CHECK_CHARS = 2000
+WARM_UP_SCHEMA = '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'
 log = logging.getLogger(__name__)
 
 
@@ -151,6 +152,17 @@ class GrammarCompiler:
             f"{self.config.compile_timeout_s:g} s (compile_timeout_s); retry later")
         for ticket in tickets:
             settle(ticket, error=error)
+
+    def warm_up(self) -> None:
+        """Build what the first compiles would (the backends' imports, llguidance's tokenizer),
+        so that a server pays it at start rather than in its first requests' time."""
+        self.compile(ConstraintSpec("json_schema", WARM_UP_SCHEMA), timeout=None)
+        if self.config.llguidance:
+            from guided.fsm.backends.llguidance_backend import LLGuidanceBackend
+
+            with self._llguidance_lock:
+                if self._llguidance is None:
+                    self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
 
     def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
         try:

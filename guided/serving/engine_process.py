@@ -280,6 +280,7 @@ def main(config, commands, events, log_level: str = "info",
             from guided.engine.core import Engine
 
             core = Engine(config)
+            core.compiler.warm_up()  # not in the first constrained requests' time
         else:
             core = build_engine()
     except BaseException as e:

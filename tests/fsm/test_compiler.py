@@ -7,7 +7,7 @@ import pytest
 
 from guided.fsm.settings import CompileSettings
 from guided.errors import CompileTimeoutError, ConstraintError
-from guided.fsm.compiler import CompiledGrammar, GrammarCompiler
+from guided.fsm.compiler import WARM_UP_SCHEMA, CompiledGrammar, GrammarCompiler
 from guided.params import ConstraintSpec
 
 
@@ -284,3 +284,15 @@ def test_a_required_name_behind_a_custom_ref_is_enforced(compiler):
     assert not matcher.accept_bytes(b"}")  # "location" is still missing
     matcher = grammar.matcher()
     assert matcher.accept_bytes(b'{"gw": {"name": "a", "location": 1}}')
+
+
+def test_warm_up_builds_the_first_compiles_work_ahead_of_them(tokenizer):
+    compiler = GrammarCompiler(tokenizer, vocab_size=49152)
+    try:
+        assert compiler._llguidance is None
+        compiler.warm_up()
+        assert compiler._llguidance is not None  # llguidance's tokenizer: built once, here
+        ticket = compiler.submit(ConstraintSpec("json_schema", WARM_UP_SCHEMA))
+        assert ticket.done() and ticket.result().backend == "xgrammar"  # compiled, cached
+    finally:
+        compiler.shutdown()
