@@ -157,12 +157,17 @@ class GrammarCompiler:
         """Build what the first compiles would (the backends' imports, llguidance's tokenizer),
         so that a server pays it at start rather than in its first requests' time."""
         self.compile(ConstraintSpec("json_schema", WARM_UP_SCHEMA), timeout=None)
-        if self.config.llguidance:
-            from guided.fsm.backends.llguidance_backend import LLGuidanceBackend
+        if not self.config.llguidance:
+            return
+        from guided.fsm.backends.llguidance_backend import LLGuidanceBackend
 
-            with self._llguidance_lock:
-                if self._llguidance is None:
+        with self._llguidance_lock:
+            if self._llguidance is None:
+                try:
                     self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
+                except Exception as e:  # noqa: BLE001 - not installed: xgrammar serves all
+                    log.warning("llguidance is unavailable (%s): every JSON schema compiles "
+                                "on xgrammar", e)
 
     def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
         try:

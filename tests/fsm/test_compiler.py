@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -294,5 +295,21 @@ def test_warm_up_builds_the_first_compiles_work_ahead_of_them(tokenizer):
         assert compiler._llguidance is not None  # llguidance's tokenizer: built once, here
         ticket = compiler.submit(ConstraintSpec("json_schema", WARM_UP_SCHEMA))
         assert ticket.done() and ticket.result().backend == "xgrammar"  # compiled, cached
+    finally:
+        compiler.shutdown()
+
+
+def test_warm_up_without_llguidance_leaves_every_schema_to_xgrammar(tokenizer, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # as if it were not installed
+    compiler = GrammarCompiler(tokenizer, vocab_size=49152)
+    try:
+        compiler.warm_up()  # no raise: a server still starts
+        assert compiler._llguidance is None
+        long_string = {"type": "string", "minLength": 300, "maxLength": 400}  # llguidance's kind
+        grammar = compiler.compile(ConstraintSpec("json_schema", json.dumps(long_string)),
+                                   timeout=120)
+        assert grammar.backend == "xgrammar"
     finally:
         compiler.shutdown()
