@@ -280,7 +280,11 @@ def main(config, commands, events, log_level: str = "info",
             from guided.engine.core import Engine
 
             core = Engine(config)
-            core.compiler.warm_up()  # not in the first constrained requests' time
+            try:
+                core.compiler.warm_up()  # not in the first constrained requests' time
+            except Exception:  # noqa: BLE001 - free requests are served all the same
+                logger.exception("warming the grammar compiler failed; constrained "
+                                 "requests will say why")
         else:
             core = build_engine()
     except BaseException as e:
