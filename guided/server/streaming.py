@@ -42,8 +42,17 @@ DONE = "data: [DONE]\n\n"
 logger = logging.getLogger("guided.server")
 
 # json.dumps(..., ensure_ascii=False) builds a new encoder on every call; same output.
-_json = json.JSONEncoder(ensure_ascii=False).encode
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+# the characters besides CR and LF that str.splitlines() ends a line at and JSON leaves raw:
+# escaped, or a client reading the stream by splitlines (httpx's aiter_lines) cuts an event in
+# two where a token holds one (the one failed request of two benchmark runs on random weights:
+# its client read half an event, "Unterminated string")
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _END = "}]}\n\n"
+
+
+def _json(value) -> str:
+    return _encode(value).translate(_LINE_BREAKS)
 
 
 def sse(payload: P._Response | dict) -> str:

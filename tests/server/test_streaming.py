@@ -14,10 +14,13 @@ TEXTS = ["", "a", "héllo wörld 😀", 'quote " backslash \\ slash /', "new\nli
 
 
 def reference(frame: ChunkFrame, model: type, choices: list) -> str:
-    """What the stream sent before ChunkFrame: the models, then json.dumps."""
+    """What the stream sent before ChunkFrame: the models, then json.dumps (with the line
+    breaks that str.splitlines() knows escaped: the httpx test below)."""
     payload = model(id=frame.request_id, model=frame.model, created=frame.created,
                     choices=choices)
-    return f"data: {json.dumps(payload.model_dump(exclude_none=True), ensure_ascii=False)}\n\n"
+    data = json.dumps(payload.model_dump(exclude_none=True), ensure_ascii=False)
+    return "data: " + data.translate({0x85: "\\u0085", 0x2028: "\\u2028",
+                                      0x2029: "\\u2029"}) + "\n\n"
 
 
 @pytest.fixture(params=[("chatcmpl-abc123", "SmolLM2-135M-Instruct"),
@@ -64,3 +67,22 @@ def test_chunks_are_valid_sse_json():
 
 def test_sse_of_a_dict_keeps_non_ascii():
     assert sse({"error": {"message": "é😀"}}) == 'data: {"error": {"message": "é😀"}}\n\n'
+
+
+# every character str.splitlines() ends a line at: JSON escapes the control ones itself
+SPLITLINES_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def test_events_survive_a_reader_that_splits_lines_like_httpx():
+    from httpx._decoders import LineDecoder  # what httpx's Response.aiter_lines splits with
+
+    text = "a" + "b".join(SPLITLINES_BREAKS) + "z é😀"
+    frame = ChunkFrame("chatcmpl-1", "m", "chat.completion.chunk")
+    for event in (frame.chat_text(0, text), frame.completion_text(0, text, "stop"),
+                  sse({"error": {"message": text}})):
+        lines = [line for line in LineDecoder().decode(event) if line]
+        assert len(lines) == 1 and lines[0].startswith("data: ")
+        body = json.loads(lines[0][len("data: "):])
+        got = (body["error"]["message"] if "error" in body
+               else body["choices"][0].get("text") or body["choices"][0]["delta"]["content"])
+        assert got == text
