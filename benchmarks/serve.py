@@ -56,6 +56,18 @@ class Result:
 
 # ---- one request --------------------------------------------------------------------------------
 
+async def sse_lines(resp: httpx.Response):
+    """The stream's lines, ended at LF (SSE's line end) only: httpx's aiter_lines also ends them
+    at U+0085, U+2028 and U+2029, which a server may send raw inside an event's JSON."""
+    pending = ""
+    async for text in resp.aiter_text():
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if pending:
+        yield pending
+
+
 async def send(client: httpx.AsyncClient, model: str, item: WorkItem, args) -> Result:
     max_tokens = args.lengths.get(item.id, args.max_tokens)
     body = {**item.body, "model": model, "max_tokens": max_tokens, "stream": True,
@@ -69,7 +81,7 @@ async def send(client: httpx.AsyncClient, model: str, item: WorkItem, args) -> R
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return res
-            async for line in resp.aiter_lines():
+            async for line in sse_lines(resp):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
