@@ -157,17 +157,21 @@ class GrammarCompiler:
         """Build what the first compiles would (the backends' imports, llguidance's tokenizer),
         so that a server pays it at start rather than in its first requests' time."""
         self.compile(ConstraintSpec("json_schema", WARM_UP_SCHEMA), timeout=None)
-        if not self.config.llguidance:
-            return
+        if self.config.llguidance:
+            try:
+                self._llguidance_backend()
+            except Exception as e:  # noqa: BLE001 - not installed: xgrammar serves all
+                log.warning("llguidance is unavailable (%s): every JSON schema compiles on "
+                            "xgrammar", e)
+
+    def _llguidance_backend(self):
+        """The one LLGuidanceBackend, built on first use (its tokenizer: ~0.25 s)."""
         from guided.fsm.backends.llguidance_backend import LLGuidanceBackend
 
         with self._llguidance_lock:
             if self._llguidance is None:
-                try:
-                    self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
-                except Exception as e:  # noqa: BLE001 - not installed: xgrammar serves all
-                    log.warning("llguidance is unavailable (%s): every JSON schema compiles "
-                                "on xgrammar", e)
+                self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
+            return self._llguidance
 
     def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledGrammar:
         try:
@@ -214,20 +218,13 @@ class GrammarCompiler:
     def _llguidance_grammar(self, spec: ConstraintSpec, schema: dict,
                             start: float) -> CompiledGrammar | None:
         """The checked schema served by llguidance, or None: ineligible or refused by it."""
-        from guided.fsm.backends.llguidance_backend import (
-            LLGuidanceBackend,
-            LLGuidanceMatcher,
-            llguidance_schema,
-        )
+        from guided.fsm.backends.llguidance_backend import LLGuidanceMatcher, llguidance_schema
 
         restated = llguidance_schema(schema)
         if restated is None:
             return None
         try:
-            with self._llguidance_lock:
-                if self._llguidance is None:
-                    self._llguidance = LLGuidanceBackend(self._tokenizer, self.vocab)
-            backend = self._llguidance
+            backend = self._llguidance_backend()
             initial = backend.start(restated)
         except Exception as e:  # noqa: BLE001 - llguidance's refusal: xgrammar serves it
             log.info("json schema on xgrammar: llguidance: %s", str(e)[:200])

@@ -20,7 +20,7 @@ from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, samp
                                    warm_sampling_kernels)
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
-from guided.worker.step_upload import StepUpload
+from guided.worker.step_upload import PinnedRing, StepUpload
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,8 @@ class ModelRunner:
                               device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_layers)]
         self.mask_words = -(-vocab_size // 32)
-        # host mask buffers taken in turn, each reused once its copy to the device has run: a
-        # fresh pinned tensor per step would page-lock memory on the step's critical path
-        self._mask_buffers: list[torch.Tensor | None] = [None, None]
-        self._mask_copied: list[torch.cuda.Event | None] = [None, None]
-        self._next_mask = 0
+        self._masks = PinnedRing(self.device, torch.int32, self.mask_words,
+                                 min_rows=MIN_MASK_ROWS)
         self._upload = StepUpload(self.device)
         self.use_triton = self.device.type == "cuda"
         self.graphs = None
@@ -188,33 +185,11 @@ class ModelRunner:
 
     def new_bitmask(self, num_rows: int) -> torch.Tensor:
         """An int32 (num_rows, mask_words) host buffer to fill (old contents: garbage)."""
-        slot = self._next_mask
-        self._next_mask = (slot + 1) % len(self._mask_buffers)
-        copied, self._mask_copied[slot] = self._mask_copied[slot], None
-        if copied is not None:
-            copied.synchronize()
-        buffer = self._mask_buffers[slot]
-        if buffer is None or buffer.shape[0] < num_rows:
-            capacity = max(MIN_MASK_ROWS, 1 << (num_rows - 1).bit_length())
-            # a normal tensor: the filler thread is outside inference mode (it is thread-local)
-            with torch.inference_mode(False):
-                buffer = self._mask_buffers[slot] = torch.empty(
-                    capacity, self.mask_words, dtype=torch.int32,
-                    pin_memory=self.device.type == "cuda")
-        return buffer[:num_rows]
+        return self._masks.take(num_rows)
 
     def _mask_to_device(self, rows: torch.Tensor) -> torch.Tensor:
         """Queue rows' copy to the device; their buffer is reused after it."""
-        if self.device.type != "cuda":
-            return rows
-        on_device = rows.to(self.device, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        storage = rows.untyped_storage().data_ptr()
-        for slot, buffer in enumerate(self._mask_buffers):
-            if buffer is not None and buffer.untyped_storage().data_ptr() == storage:
-                self._mask_copied[slot] = event
-        return on_device
+        return self._masks.to_device(rows)
 
     @torch.inference_mode()
     def sample(self, masks: StepMasks | None) -> DeviceSample:
