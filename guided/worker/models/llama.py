@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from guided.kernels.attention import paged_attention, paged_attention_ref, write_kv_ref
+from guided.kernels.attention import paged_attention, paged_attention_ref
+from guided.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
 from guided.worker.model_config import ModelConfig
 from guided.worker.models import parallel as tp
 from guided.worker.models.weights import Piece, WeightReader, load_pieces
@@ -30,22 +31,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return rms_norm(summed, weight, eps), summed
 
 
-def rope(positions: torch.Tensor, x: torch.Tensor, cos_table: torch.Tensor,
-         sin_table: torch.Tensor) -> torch.Tensor:
-    """x (T, H, D) rotated in HF's half-split layout at positions (T,)."""
-    cos = cos_table[positions].unsqueeze(1)  # (T, 1, D/2)
-    sin = sin_table[positions].unsqueeze(1)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-EAGER = SimpleNamespace(rms_norm=rms_norm, add_rms_norm=add_rms_norm, rope=rope,
-                        silu_mul=silu_mul)
+EAGER = SimpleNamespace(rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)
 
 
 def compiled_ops() -> SimpleNamespace:
@@ -122,14 +113,12 @@ class Attention(nn.Module):
         self.o_proj = tp.row_parallel_linear(self.q_size, cfg.hidden_size, ctx)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                kv_cache: KVCache, meta: AttentionMetadata, ops) -> torch.Tensor:
+                kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = ops.rope(positions, q.view(T, self.num_heads, self.head_dim), rope.cos, rope.sin)
-        k = ops.rope(positions, k.view(T, self.num_kv_heads, self.head_dim), rope.cos, rope.sin)
-        v = v.view(T, self.num_kv_heads, self.head_dim)  # q (T, Hq, D); k, v (T, Hkv, D)
         k_cache, v_cache = kv_cache
-        write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        rope_kv = rope_write_kv if meta.use_triton else rope_write_kv_ref
+        q = rope_kv(self.qkv_proj(x), positions, rope.cos, rope.sin, k_cache, v_cache,
+                    meta.slot_mapping, self.num_heads)  # (T, Hq, D); k, v into their slots
         attend = paged_attention if meta.use_triton else paged_attention_ref
         out = attend(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
                      scale=self.scale, max_query_len=meta.max_query_len,
@@ -160,7 +149,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, residual, positions, rope, kv_cache, meta, ops):
         """h: this layer's normed input; residual: the stream before it."""
-        attn = self.self_attn(h, positions, rope, kv_cache, meta, ops)
+        attn = self.self_attn(h, positions, rope, kv_cache, meta)
         norm = self.post_attention_layernorm
         h, residual = ops.add_rms_norm(attn, residual, norm.weight, norm.eps)
         return self.mlp(h, ops), residual
