@@ -2,11 +2,12 @@
 dense SDPA on contiguous K/V, against the HBM floor. Prints one markdown table (also
 $OUT/bench_attention.md when OUT is set).
 
-    python benchmarks/bench_attention.py [--smoke] [--verify]
+    python benchmarks/bench_attention.py [--smoke] [--verify] [--prefill]
 
 --verify adds a second table: verification steps (each request's sampled token plus drafts, q
 tokens at the end of its context) on the split-K kernel against the flash (prefill) kernel that
-ran them before session 8.
+ran them before session 8. --prefill adds prefill chunks (a step's prompt tokens) on the flash
+kernel against dense causal SDPA (flash attention on contiguous K/V), in TFLOP/s.
 
 Llama-3-8B head shape (Hq 32, Hkv 8, D 128), bf16, block size 16, every request at the same kv
 length, block tables shuffled; caches rotated where one set would fit in L2.
@@ -102,6 +103,42 @@ def bench_verify_case(batch: int, kv_len: int, q_len: int, dtype: torch.dtype, d
     return row
 
 
+def bench_prefill_case(q_lens: list[int], ctx: int, dtype: torch.dtype, device: str) -> dict:
+    """Requests of q_lens new tokens after ctx cached ones each (one step's prefill chunks)."""
+    seq_lens = [q + ctx for q in q_lens]
+    blocks = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    tables = torch.zeros(len(q_lens), max(blocks), dtype=torch.int32, device=device)
+    perm = torch.randperm(sum(blocks), device=device).to(torch.int32)
+    for b, start in enumerate([0, *torch.tensor(blocks).cumsum(0).tolist()[:-1]]):
+        tables[b, :blocks[b]] = perm[start:start + blocks[b]]
+    starts = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    x = {"q": torch.randn(sum(q_lens), NUM_HEADS, HEAD_DIM, device=device, dtype=dtype),
+         "k_cache": torch.randn(shape, device=device, dtype=dtype),
+         "v_cache": torch.randn(shape, device=device, dtype=dtype), "block_tables": tables,
+         "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=device),
+         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
+         "scale": HEAD_DIM**-0.5, "max_query_len": max(q_lens)}
+    # QK^T and PV over the causal half of the new tokens plus all of the context
+    flops = sum(4 * NUM_HEADS * HEAD_DIM * q * (ctx + (q + 1) / 2) for q in q_lens)
+    row = {"requests": len(q_lens), "new tokens each": q_lens[0], "context": ctx}
+    ours = time_us(lambda: attn.paged_attention(**x), device)
+    row["ours µs"], row["ours TFLOP/s"] = ours, flops / ours / 1e6
+    if ctx == 0 and len(set(q_lens)) == 1:
+        q = x["q"].view(len(q_lens), q_lens[0], NUM_HEADS, HEAD_DIM).transpose(1, 2)
+        k = torch.randn(len(q_lens), NUM_KV_HEADS, q_lens[0], HEAD_DIM, device=device,
+                        dtype=dtype)
+        sdpa = time_us(lambda: F.scaled_dot_product_attention(q, k, k, is_causal=True,
+                                                              enable_gqa=True), device)
+        row["SDPA µs"], row["SDPA TFLOP/s"] = sdpa, flops / sdpa / 1e6
+    else:
+        row["SDPA µs"] = row["SDPA TFLOP/s"] = None
+    ref = attn.paged_attention_ref(**x)
+    out = attn.paged_attention(**x)
+    row["rel err vs ref"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    return row
+
+
 def markdown(title: str, rows: list[dict]) -> str:
     lines = [title, ""]
     cols = list(rows[0])
@@ -125,6 +162,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
     parser.add_argument("--verify", action="store_true",
                         help="also verification steps: split-K against the flash kernel")
+    parser.add_argument("--prefill", action="store_true",
+                        help="also prefill chunks on the flash kernel against dense SDPA")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16
@@ -144,6 +183,13 @@ def main() -> None:
         table += "\n\n" + markdown(
             f"verification steps on {name}: the same heads, q query tokens per request at the "
             "end of its kv length (the sampled token plus q - 1 drafts); median µs", verify)
+    if args.prefill:
+        cases = [([64, 64], 0)] if args.smoke else [
+            ([2048], 0), ([2048], 2048), ([512] * 4, 0), ([300] * 7, 0), ([256] * 8, 1024)]
+        rows = [bench_prefill_case(q, c, dtype, device) for q, c in cases]
+        table += "\n\n" + markdown(
+            f"prefill chunks on {name}: the same heads, each request's new tokens after its "
+            "cached context; median µs; SDPA on contiguous K/V (no context)", rows)
     print(table)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_attention.md"), "w") as f:

@@ -193,6 +193,30 @@ if triton is not None:
         tl.store(out_ptr + token * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _prefill_tile(q, acc, m_i, l_i, t0, bt_row, k_ptr, v_ptr, kv_head, d, q_pos, kv_end,
+                      qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                      stride_vh, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      MASKED: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        """One K/V tile into the online softmax (base 2); MASKED: the causal diagonal or the
+        context's end cross the tile."""
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_mask = t < kv_end
+        k = _load_kv_tile(k_ptr, bt_row, t, t_mask, kv_head, d, stride_kb, stride_kt,
+                          stride_kh, BLOCK_SIZE)  # [N, D]
+        v = _load_kv_tile(v_ptr, bt_row, t, t_mask, kv_head, d, stride_vb, stride_vt,
+                          stride_vh, BLOCK_SIZE)  # [N, D]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [M, N]
+        if MASKED:
+            s = tl.where((t[None, :] <= q_pos[:, None]) & t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: position 0 is in tile 0
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                            input_precision=PRECISION)
+        return acc, m_new, l_i
+
+    @triton.jit
     def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
         scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
@@ -201,10 +225,11 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
     ):
-        """Program (request b, query head h, query tile): causal flash attention with offset."""
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        m_blk = tl.program_id(2)
+        """Program (query tile, request b, query head h): causal flash attention with offset.
+        The tiles every row of the query tile sees whole run unmasked; the rest masked."""
+        m_blk = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         if m_blk * BLOCK_M >= q_len:
@@ -218,28 +243,24 @@ if triton is not None:
         q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
                     mask=i_mask[:, None], other=0.0).to(DOT_DTYPE)  # [M, D]
         q_pos = ctx_len + i  # [M]
+        qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
         kv_head = h // GROUP
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         kv_end = tl.minimum(seq_len, ctx_len + (m_blk + 1) * BLOCK_M)  # causal upper bound
-        for t0 in range(0, kv_end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            t_mask = t < kv_end
-            k = _load_kv_tile(k_ptr, bt_row, t, t_mask, kv_head, d, stride_kb, stride_kt,
-                              stride_kh, BLOCK_SIZE)  # [N, D]
-            v = _load_kv_tile(v_ptr, bt_row, t, t_mask, kv_head, d, stride_vb, stride_vt,
-                              stride_vh, BLOCK_SIZE)  # [N, D]
-            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [M, N]
-            s = tl.where((t[None, :] <= q_pos[:, None]) & t_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: position 0 is in tile 0
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                                input_precision=PRECISION)
-            m_i = m_new
+        full_end = (ctx_len + m_blk * BLOCK_M + 1) // BLOCK_N * BLOCK_N  # seen by every row
+        for t0 in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(
+                q, acc, m_i, l_i, t0, bt_row, k_ptr, v_ptr, kv_head, d, q_pos, kv_end,
+                qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                BLOCK_SIZE, BLOCK_N, False, PRECISION, DOT_DTYPE)
+        for t0 in range(full_end, kv_end, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(
+                q, acc, m_i, l_i, t0, bt_row, k_ptr, v_ptr, kv_head, d, q_pos, kv_end,
+                qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                BLOCK_SIZE, BLOCK_N, True, PRECISION, DOT_DTYPE)
         o = acc / l_i[:, None]
         tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=i_mask[:, None])
@@ -249,6 +270,8 @@ if triton is not None:
 # which reads each K/V tile once for all of a request's query tokens; longer ones on flash
 MAX_SHORT_QUERY_LEN = 32
 MAX_DECODE_ROWS = 64  # query tokens x query heads in one program of the split-K kernel
+# the flash kernel's (BLOCK_M, BLOCK_N, num_warps, num_stages) for 16-bit and fp32 inputs
+PREFILL_TILES = {False: (64, 64, 4, 3), True: (32, 32, 4, 3)}
 
 
 _TL_DTYPES = ({torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -364,11 +387,11 @@ def paged_attention(
                 num_warps=4,
             )
         return out
-    block = 32 if q.dtype == torch.float32 else 64
-    _prefill_kernel[(num_reqs, num_heads, triton.cdiv(max_query_len, block))](
+    block_m, block_n, warps, stages = PREFILL_TILES[q.dtype == torch.float32]
+    _prefill_kernel[(triton.cdiv(max_query_len, block_m), num_reqs, num_heads)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
         *common, out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block, BLOCK_N=block,
-        PRECISION=precision, DOT_DTYPE=dot_dtype, num_warps=4,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        PRECISION=precision, DOT_DTYPE=dot_dtype, num_warps=warps, num_stages=stages,
     )
     return out
