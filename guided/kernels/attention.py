@@ -19,14 +19,6 @@ import torch
 from guided.kernels import FLOAT_DTYPES, tl, triton, use_triton
 
 
-def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] -> cache slots (slot = block * block_size + offset), slot_mapping [T]."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = k
-    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = v
-
-
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """cache [N, bs, Hkv, D], block_table [..., max_blocks] -> [..., num_tokens, Hkv, D]."""
     block_size = cache.shape[1]
@@ -220,17 +212,28 @@ if triton is not None:
     def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
         scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
-        stride_vh, stride_bt, stride_ot, stride_oh,
+        stride_vh, stride_bt, stride_ot, stride_oh, num_reqs,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
     ):
-        """Program (query tile, request b, query head h): causal flash attention with offset.
-        The tiles every row of the query tile sees whole run unmasked; the rest masked."""
-        m_blk = tl.program_id(0)
-        b = tl.program_id(1)
-        h = tl.program_id(2)
+        """Program (query tile, query head h): causal flash attention with offset. Request b's
+        tiles start at program qsl[b] // BLOCK_M + b: a grid of num_tokens // BLOCK_M + num_reqs,
+        where a CUDA graph's grid of its longest query for every request slot was mostly
+        programs that exit. Tiles every row sees whole run unmasked."""
+        tile = tl.program_id(0)
+        h = tl.program_id(1)
+        lo = 0  # b: the last request whose first tile is at or before this one
+        hi = num_reqs - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if tl.load(qsl_ptr + mid) // BLOCK_M + mid <= tile:
+                lo = mid
+            else:
+                hi = mid - 1
+        b = lo
         q_start = tl.load(qsl_ptr + b)
+        m_blk = tile - (q_start // BLOCK_M + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         if m_blk * BLOCK_M >= q_len:
             return
@@ -388,9 +391,9 @@ def paged_attention(
             )
         return out
     block_m, block_n, warps, stages = PREFILL_TILES[q.dtype == torch.float32]
-    _prefill_kernel[(triton.cdiv(max_query_len, block_m), num_reqs, num_heads)](
+    _prefill_kernel[(num_tokens // block_m + num_reqs, num_heads)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        *common, out.stride(0), out.stride(1),
+        *common, out.stride(0), out.stride(1), num_reqs,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         PRECISION=precision, DOT_DTYPE=dot_dtype, num_warps=warps, num_stages=stages,
     )

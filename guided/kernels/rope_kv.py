@@ -12,7 +12,14 @@ from __future__ import annotations
 import torch
 
 from guided.kernels import tl, triton, use_triton
-from guided.kernels.attention import write_kv_ref
+
+
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] -> cache slots (slot = block * block_size + offset), slot_mapping [T]."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = k
+    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = v
 
 
 def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_table: torch.Tensor,

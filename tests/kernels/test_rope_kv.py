@@ -40,6 +40,17 @@ def _run(fn, x: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, x["k_cache"], x["v_cache"]
 
 
+def test_write_kv_ref_round_trips() -> None:
+    k_cache, v_cache = torch.randn(4, 16, 2, 64), torch.randn(4, 16, 2, 64)
+    k = torch.randn(5, 2, 64)
+    v = torch.randn(5, 2, 64)
+    slots = torch.tensor([3, 17, 18, 40, 2], dtype=torch.int64)
+    rope_kv.write_kv_ref(k, v, k_cache, v_cache, slots)
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(k_cache[s // 16, s % 16], k[i])
+        assert torch.equal(v_cache[s // 16, s % 16], v[i])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(4, 2, 64), (9, 3, 64), (8, 1, 16), (6, 6, 32)])
 def test_matches_ref(device: str, dtype: torch.dtype, shape: tuple) -> None:
