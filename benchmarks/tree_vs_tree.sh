@@ -7,7 +7,12 @@
 #
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
+#   bash benchmarks/tree_vs_tree.sh free C     # the same, --free: every request max-tokens long
 #   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> /tmp/wl/both.jsonl
+#
+# --paired's free run replays its own tree's constrained lengths, and a random-weights model
+# writes different JSON under the two trees' grammars (5-10% more tokens under the old one):
+# compare its rows per step. `free` gives both trees the same token counts, so tok/s compares.
 #
 # Each tree refuses a few schemas (not the same ones), so `common` runs first: one token of each
 # of the first 512 rows through both trees, keeping the rows both served; serve and offline then
@@ -55,6 +60,15 @@ offline() {  # tree label concurrency
     --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
+free_run() {  # tree label concurrency: unconstrained, ignore_eos, every request --max-tokens long
+  local tree=$1 label=$2 c=$3
+  local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
+  say "free: $label at $c ($tree)"
+  (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 560 python3 benchmarks/engine_offline.py \
+    --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
+    --max-tokens 256 --free 2>>"$OUT/free-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
+}
+
 served() {  # tree label: one token of each of the first 512 rows -> $OUT/kept-LABEL.json
   local tree=$1 label=$2
   local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
@@ -91,6 +105,7 @@ both() {  # function [args after the tree and label]
 case ${1:-serve} in
   serve) both serve ;;
   offline) both offline "${2:-64}" ;;
+  free) both free_run "${2:-64}" ;;
   common) common 2>&1 | tee -a "$OUT/tree_vs_tree.log" ;;
-  *) echo "usage: $0 serve | offline CONCURRENCY | common" >&2; exit 2 ;;
+  *) echo "usage: $0 serve | offline CONCURRENCY | free CONCURRENCY | common" >&2; exit 2 ;;
 esac
