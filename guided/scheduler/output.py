@@ -82,6 +82,8 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
             place_row.append(pending_row)
             ids.append(0)
             ids.extend(item.draft_token_ids[:num_drafts])
+        elif start + n <= len(req.prompt_token_ids):  # a prefill chunk: a slice, not n calls
+            ids.extend(req.prompt_token_ids[start:start + n])
         else:
             known = req.num_tokens
             ids.extend(req.token_at(pos) if pos < known
@@ -89,8 +91,14 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
         positions.extend(range(start, start + n))
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
-        else:
-            slots.extend([table[pos // bs] * bs + pos % bs for pos in range(start, start + n)])
+        else:  # one range per block the tokens fill
+            pos, end = start, start + n
+            while pos < end:
+                block = pos // bs
+                block_end = min(end, (block + 1) * bs)
+                offset = (table[block] - block) * bs  # slot = table[block] * bs + pos % bs
+                slots.extend(range(offset + pos, offset + block_end))
+                pos = block_end
         query_start.append(len(ids))
         seq_lens.append(start + n)
         if not item.sample:
