@@ -320,10 +320,16 @@ class Engine:
             if request.params.output_kind == "cumulative":  # else its finish reports it
                 self._changed[request.request_id] = request
         if finish is not None:
+            error = finish.error
             if finish.reason == "error":
                 request.error_type = "internal"
-            self._finish(request, finish.reason, error=finish.error,
-                         stop_reason=finish.stop_reason)
+                if request.matcher is not None and not request.matcher.allows_a_token(
+                        self.vocab_size):  # its row allowed nothing: the constraint's fault
+                    request.error_type = "constraint"
+                    error = ("the constraint cannot be completed with this model's vocabulary:"
+                             f" no token may follow its {len(request.output_token_ids)} output"
+                             " tokens (it needs bytes no token spells)")
+            self._finish(request, finish.reason, error=error, stop_reason=finish.stop_reason)
         return num
 
     def _finish(self, request: Request, reason: str, *, error: str | None = None,

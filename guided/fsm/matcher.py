@@ -35,6 +35,15 @@ class Matcher(ABC):
         """Right after accept_token(token_id): did it end the grammar?"""
         return self.is_terminated()
 
+    def allows_a_token(self, vocab_size: int) -> bool:
+        """Whether any token of the vocabulary may follow here, bans applied. False: a dead end
+        (the grammar needs bytes no token spells), which no sampling can leave."""
+        row = torch.zeros(1, -(-vocab_size // 32), dtype=torch.int32)
+        self.fill_bitmask(row, 0)
+        if self.ban is not None:
+            row.numpy()[0, self.ban.columns] &= self.ban.column_words
+        return bool(row.any())
+
     @abstractmethod
     def forced_string(self) -> bytes:
         """Bytes the grammar forces from here (b"" if none or terminated); never raises."""

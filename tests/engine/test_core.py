@@ -49,6 +49,19 @@ def test_penalties_change_the_output(llm):
     assert len(set(rep.token_ids)) >= len(set(plain.token_ids))
 
 
+def test_a_constraint_no_token_can_continue_fails_alone_as_a_constraint_error(llm):
+    # SmolLM2 has no token for the UTF-8 lead byte F1, which U+40000 starts with
+    dead, after_a = (SamplingParams(regex=r, max_tokens=4, temperature=0)
+                     for r in ("\U00040000", "a\U00040000"))
+    plain = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = llm.generate([prompt_ids(llm)] * 3, [dead, after_a, plain])
+    for out, text in zip(outs[:2], ("", "a")):
+        assert out.finish_reason == "error" and out.error_type == "constraint"
+        assert "cannot be completed with this model's vocabulary" in out.error
+        assert out.text == text
+    assert outs[2].finish_reason == "length" and len(outs[2].token_ids) == 6
+
+
 def test_stop_string_truncates_and_max_tokens_limits(llm):
     out = llm.generate(prompt_ids(llm), SamplingParams(max_tokens=40, temperature=0,
                                                        ignore_eos=True))[0]

@@ -139,3 +139,13 @@ def test_optional_group_with_trailing_repetition(compiler, tokenizer):
     schema = {"type": "string", "format": "date-time"}
     m = compiler.compile(ConstraintSpec.json_schema(schema), timeout=60).matcher()
     assert not (m.accept_bytes(b'"2022-01-01T12:00:001Z"') and m.accept_token(EOS))
+
+
+def test_allows_a_token_is_false_only_at_a_dead_end(compiler, tokenizer):
+    # SmolLM2's vocabulary has no token for the UTF-8 lead byte F1 (U+40000 starts with it)
+    dead = compiler.compile(ConstraintSpec("regex", "a\U00040000")).matcher()
+    assert dead.allows_a_token(49216)
+    assert feed(dead, tokenizer, "a")
+    assert not dead.allows_a_token(49216)
+    banned = compiler.compile(ConstraintSpec.json_schema({"type": "string"})).matcher()
+    assert banned.ban is not None and banned.allows_a_token(49216)
