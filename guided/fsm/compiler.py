@@ -185,7 +185,16 @@ class GrammarCompiler:
             self._schema_workers.shutdown()
 
     def _compile_sync(self, spec: ConstraintSpec) -> CompiledGrammar:
-        """Runs on a pool thread. Raises ConstraintError naming the problem."""
+        """Runs on a pool thread. Raises ConstraintError naming the problem, a grammar no token
+        of the vocabulary can start included (it needs bytes no token spells)."""
+        grammar = self._build(spec)
+        if not grammar.matcher().allows_a_token(self.vocab.vocab_size):
+            raise ConstraintError(f"the {spec.kind} constraint cannot be completed with this "
+                                  "model's vocabulary: no token can start it (it needs bytes "
+                                  "no token spells)")
+        return grammar
+
+    def _build(self, spec: ConstraintSpec) -> CompiledGrammar:
         from guided.fsm.backends.xgrammar_backend import XGrammarMatcher, choice_regex
 
         start = time.perf_counter()

@@ -59,6 +59,14 @@ def test_refusal_reaches_the_future(compiler):
         future.result(timeout=60)
 
 
+@pytest.mark.parametrize("spec", [ConstraintSpec("regex", "\U00040000"),
+                                  ConstraintSpec.choice(["\U00050000", "\U00060000"])])
+def test_a_grammar_no_token_can_start_is_refused(compiler, spec):
+    # SmolLM2 has no token for the UTF-8 lead bytes F1 and F2 (planes 4-11 start with them)
+    with pytest.raises(ConstraintError, match="no token can start it"):
+        compiler.compile(spec)
+
+
 def test_size_limit(tokenizer):
     c = GrammarCompiler(tokenizer, vocab_size=49152,
                         config=CompileSettings(max_grammar_bytes=100))

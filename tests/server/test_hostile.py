@@ -332,8 +332,9 @@ def test_huge_body_is_413(http):
                       headers={"content-type": "application/json"}), 413)
 
 
-def test_streaming_request_with_bad_input_fails_before_the_stream(http):
-    response = send(http, "POST", CHAT, json=chat(stream=True, regex="(?=a)")[1])
+@pytest.mark.parametrize("regex", ["(?=a)", "\U00040000"])  # a lookahead; no token starts it
+def test_streaming_request_with_bad_input_fails_before_the_stream(http, regex):
+    response = send(http, "POST", CHAT, json=chat(stream=True, regex=regex)[1])
     assert_error(response)
     assert not response.headers["content-type"].startswith("text/event-stream")
 
