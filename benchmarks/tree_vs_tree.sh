@@ -51,22 +51,13 @@ serve() {  # tree label
     2>>"$OUT/serve-$label.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
-offline() {  # tree label concurrency
-  local tree=$1 label=$2 c=$3
+offline() {  # tree label concurrency mode: engine_offline --paired or --free (see the top)
+  local tree=$1 label=$2 c=$3 mode=$4
   local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
-  say "offline: $label at $c ($tree)"
+  say "offline --$mode: $label at $c ($tree)"
   (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 560 python3 benchmarks/engine_offline.py \
     --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
-    --max-tokens 256 --paired 2>>"$OUT/offline-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
-}
-
-free_run() {  # tree label concurrency: unconstrained, ignore_eos, every request --max-tokens long
-  local tree=$1 label=$2 c=$3
-  local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
-  say "free: $label at $c ($tree)"
-  (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 560 python3 benchmarks/engine_offline.py \
-    --model synthetic:llama-3-8b --workload "$WL" --num-requests 256 --concurrency "$c" \
-    --max-tokens 256 --free 2>>"$OUT/free-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
+    --max-tokens 256 "--$mode" 2>>"$OUT/$mode-$label-$c.err") | tee -a "$OUT/tree_vs_tree.log"
 }
 
 served() {  # tree label: one token of each of the first 512 rows -> $OUT/kept-LABEL.json
@@ -104,8 +95,8 @@ both() {  # function [args after the tree and label]
 
 case ${1:-serve} in
   serve) both serve ;;
-  offline) both offline "${2:-64}" ;;
-  free) both free_run "${2:-64}" ;;
+  offline) both offline "${2:-64}" paired ;;
+  free) both offline "${2:-64}" free ;;
   common) common 2>&1 | tee -a "$OUT/tree_vs_tree.log" ;;
   *) echo "usage: $0 serve | offline CONCURRENCY | free CONCURRENCY | common" >&2; exit 2 ;;
 esac
