@@ -6,6 +6,7 @@
 # of the two commits, unpacked), each measured with its own benchmarks/.
 #
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
+#   ROUNDS=3 bash benchmarks/tree_vs_tree.sh serve   # old, new, old, new, ...: medians per pass
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
 #   bash benchmarks/tree_vs_tree.sh free C     # the same, --free: every request max-tokens long
 #   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> /tmp/wl/both.jsonl
@@ -21,6 +22,9 @@
 # PAIR_GPUS="0 1" runs the two trees at once, old on the first GPU and new on the second (a
 # machine of several GPUs: same host, same moment); otherwise one after the other.
 # Prints one table row per tree and pass; rows go to $OUT/tree_vs_tree.jsonl too.
+# On the default model a pass is host-bound and ~5 s long: one H200 lease gave one tree
+# 12744 then the next (the same hot path) 10256 tok/s warm, so serve's verdict is the median
+# of ROUNDS interleaved rounds (benchmarks/results/device_s38.md).
 # Each tree runs from its own directory (run from the repo root, the old tree refused every
 # grammar: most likely its compile processes imported the repo's guided/) with a model cache of
 # its own (/tmp/cache-old, /tmp/cache-new). CACHE_SEED: a directory copied into both first (a
@@ -43,6 +47,7 @@ cache_for() {  # label: the tree's own model cache, seeded
 
 serve() {  # tree label
   local tree=$1 label=$2
+  label=$label${ROUND:+-r$ROUND}
   local -x GUIDED_CACHE_DIR; GUIDED_CACHE_DIR=$(cache_for "$label")
   say "serve: $label ($tree)"
   (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 420 python3 benchmarks/serve.py \
@@ -94,7 +99,28 @@ both() {  # function [args after the tree and label]
 }
 
 case ${1:-serve} in
-  serve) both serve ;;
+  serve)
+    skip=$(cat "$OUT/tree_vs_tree.jsonl" 2>/dev/null | wc -l)  # rows of earlier runs
+    for ROUND in $(seq 1 "${ROUNDS:-1}"); do both serve; done
+    python3 - "$OUT/tree_vs_tree.jsonl" "$skip" <<'PY' | tee -a "$OUT/tree_vs_tree.log"
+import json, statistics, sys
+from collections import defaultdict
+rates = defaultdict(list)  # (tree, pass) -> out tok/s, a row per server launch and pass
+seen = defaultdict(int)
+for line in open(sys.argv[1]).read().splitlines()[int(sys.argv[2]):]:
+    row = json.loads(line)
+    label = row["label"]
+    tree = label.split("-r")[0]
+    rates[tree, "warm" if seen[label] else "cold"].append(row["out_tok_per_s"])
+    seen[label] += 1
+print("| pass | old tok/s (median of) | new tok/s (median of) | new / old |\n|---|---|---|---|")
+for name in ("cold", "warm"):
+    old, new = rates["old", name], rates["new", name]
+    if old and new:
+        a, b = statistics.median(old), statistics.median(new)
+        print(f"| {name} | {a:.1f} ({len(old)}) | {b:.1f} ({len(new)}) | {b / a:.2f} |")
+PY
+    ;;
   offline) both offline "${2:-64}" paired ;;
   free) both offline "${2:-64}" free ;;
   common) common 2>&1 | tee -a "$OUT/tree_vs_tree.log" ;;
