@@ -122,6 +122,7 @@ class Server:
         thinks = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         job = jobs.Job(jobs.new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
                        reasoning=self.reasoning and thinks)
+        self._check_openai_fields(job, req)
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         self._quick_check(job)
         return job
@@ -137,6 +138,7 @@ class Server:
                 "requests this server queues at once (max_waiting_requests)", param="prompt")
         num_top = req.logprobs or 0
         job = jobs.Job(jobs.new_id("cmpl"), self.model_name, [], [], [], None, num_top)
+        self._check_openai_fields(job, req)
         for k, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 ids = self.tokenizer.encode(prompt)
@@ -149,6 +151,19 @@ class Server:
         self._quick_check(job)
         return job
 
+    def _check_openai_fields(self, job: jobs.Job, req) -> None:
+        """The /v1 routes' checks beyond the fields' own (as OpenAI and vLLM make them), and
+        what the request asks to see beside the text."""
+        if req.stream_options is not None and not req.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true",
+                                      param="stream_options")
+        size = len(self.tokenizer)
+        bad = [t for t in req.stop_token_ids or () if not 0 <= t < size]
+        if bad:
+            raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
+                                      f"(vocabulary size {size})", param="stop_token_ids")
+        job.returns = jobs.Returns.of(req)
+
     @staticmethod
     def _quick_check(job: jobs.Job) -> None:
         """A short regex or grammar that can never end (or matches nothing) is a 400 here, on
@@ -158,6 +173,17 @@ class Server:
         if problem:
             raise ConstraintError(problem, param=job.constraint_param)
 
+    def _truncated(self, ids: list[int], req) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: as many as the
+        context holds with room for one output token)."""
+        keep = getattr(req, "truncate_prompt_tokens", None)
+        if keep is None:
+            return ids
+        if keep == 0:
+            raise InvalidRequestError("truncate_prompt_tokens must be -1 or at least 1",
+                                      param="truncate_prompt_tokens")
+        return ids[-(self.max_model_len - 1 if keep == -1 else keep):]
+
     def _decode(self, ids: list[int]) -> str:
         try:
             return self.tokenizer.decode(ids)
@@ -166,13 +192,14 @@ class Server:
 
     def _add_choices(self, job: jobs.Job, req, k: int, logprobs: int | None,
                      tool_constraint: dict, prompt_param: str) -> None:
-        ids = job.prompts[k]
+        ids = job.prompts[k] = self._truncated(job.prompts[k], req)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param=prompt_param)
-        if len(ids) >= self.max_model_len:
+        if len(ids) >= self.max_model_len:  # both vLLM's and SGLang's words, which clients match
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens; the "
-                f"prompt has {len(ids)} tokens.", param=prompt_param)
+                f"prompt has {len(ids)} tokens: the input is longer than the model's context "
+                "length.", param=prompt_param)
         max_tokens = req.max_new_tokens
         room = self.max_model_len - len(ids)
         if max_tokens is None:
@@ -181,7 +208,8 @@ class Server:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
-                f"{max_tokens} in the completion).", param="max_tokens")
+                f"{max_tokens} in the completion). Requested token count exceeds the model's "
+                "maximum context length.", param="max_tokens")
         if len(job.params) + req.n > self.max_choices:
             raise InvalidRequestError(
                 f"n={req.n} is more than the {self.max_choices} requests this server queues at "
@@ -198,6 +226,7 @@ class Server:
                 min_p=req.min_p or 0.0,
                 seed=None if req.seed is None else req.seed + i,
                 stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+                skip_special_tokens=req.skip_special_tokens,
                 logprobs=logprobs,
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
@@ -257,7 +286,7 @@ class Server:
                 for i, p in enumerate(job.params)]
         for out in outs:
             jobs.raise_if_error(out)
-        return outs
+        return [jobs.with_stop_string(job, out) for out in outs]
 
 
 # ---- the app ------------------------------------------------------------------------------------
@@ -283,9 +312,14 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
     async def http_error(request: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, str(exc.detail), code=exc.status_code)
 
-    async def handle(request: Request, model: type, run) -> Response:
+    async def handle(request: Request, model: type | None, run) -> Response:
         try:
-            req, unknown = P.parse_request(model, await door.read_json(request))
+            body = await door.read_json(request)
+            if model is None:  # /invocations: chat or completion by the body
+                chat = isinstance(body, dict) and "messages" in body
+                model, run = (P.ChatCompletionRequest, run_chat) if chat else \
+                    (P.CompletionRequest, run_completion)
+            req, unknown = P.parse_request(model, body)
             if unknown:
                 logger.debug("ignoring unknown field(s) %s", unknown)
             return await run(request, req)
@@ -324,7 +358,7 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
                 return respond(await server.finals(job, await server.start(job)))
 
             response = await streaming.unless_disconnected(request, finish())
-        return JSONResponse(response.model_dump(exclude_none=True))
+        return JSONResponse(jobs.response_body(response))
 
     async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
         server.prompts.check_chars(door.chat_chars(req), "messages")
@@ -349,6 +383,10 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle(request, P.CompletionRequest, run_completion)
+
+    @app.post("/invocations")  # vLLM's (SageMaker's) one route: chat or completion by its body
+    async def invocations(request: Request) -> Response:
+        return await handle(request, None, None)
 
     add_native_routes(app, server, handle)
 

@@ -3,7 +3,8 @@
 constraint-like field we cannot honour, naming it: never dropped silently, so a client never
 believes free text is constrained. Fields that only pick a backend or its fallback are ignored
 with a log note: they do not change the language the output follows. Also logit_bias and
-min_tokens as SamplingParams keywords."""
+min_tokens as SamplingParams keywords, and a 400 for the sampling fields of vLLM and SGLang that
+guided does not do (prompt_logprobs, beam search, stop_regex)."""
 from __future__ import annotations
 
 import difflib
@@ -38,6 +39,17 @@ UNSUPPORTED = {
                                  "whitespace is fixed: bounded, no runaway newlines)",
 }
 STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_pattern"]}
+# vLLM's and SGLang's fields that change the output and that guided does not do: a 400 naming
+# them, not an answer that looks as if they were honoured (field -> (refused?, why))
+UNSUPPORTED_SAMPLING = {
+    "prompt_logprobs": (lambda v, n: v is not None,
+                        "logprobs of prompt tokens are not computed (logprobs of the output are)"),
+    "use_beam_search": (lambda v, n: bool(v), "beam search is not supported"),
+    "best_of": (lambda v, n: v is not None and v != n,
+                "best_of other than n is not supported (no beam search or reranking)"),
+    "stop_regex": (lambda v, n: v is not None,
+                   "stop_regex is not supported: use stop strings, or a regex constraint"),
+}
 # names a misspelt field is compared with (difflib ratio at least MISSPELLING_CUTOFF)
 CONSTRAINT_NAMES = sorted({*TOP_LEVEL, *IGNORED, *UNSUPPORTED, "response_format",
                            "structured_outputs", "tools", "tool_choice"})
@@ -49,7 +61,8 @@ MISSPELLING_CUTOFF = 0.8
 ConstraintExtensions = create_model(
     "ConstraintExtensions", __config__=ConfigDict(extra="ignore", populate_by_name=True),
     **{name: (Any, None) for name in (*TOP_LEVEL, "structured_outputs", *IGNORED, *UNSUPPORTED,
-                                      "logit_bias", "min_tokens", "min_new_tokens")})
+                                      *UNSUPPORTED_SAMPLING, "logit_bias", "min_tokens",
+                                      "min_new_tokens")})
 
 
 def check_unknown_fields(names: list[str]) -> None:
@@ -164,6 +177,9 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
 def sampling_extras(req: Any) -> dict:
     """logit_bias and min_tokens (SGLang's min_new_tokens) where the request sets them, or a
     400 naming the field; SamplingParams checks their ranges."""
+    for name, (refused, why) in UNSUPPORTED_SAMPLING.items():
+        if refused(getattr(req, name, None), getattr(req, "n", 1)):
+            raise InvalidRequestError(f"{name}: {why}", param=name)
     extras: dict = {}
     bias = getattr(req, "logit_bias", None)
     if bias:

@@ -86,6 +86,25 @@ class Job:
     echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
     constraint_param: str | None = None  # the field the constraint came from (for 400s)
     reasoning: bool = False  # chat on a reasoning parser: <think> ... </think> comes first
+    returns: Returns = field(default_factory=lambda: Returns())
+
+
+@dataclass(frozen=True, slots=True)
+class Returns:
+    """What a request asks to see beside the text (vLLM's extensions)."""
+
+    token_ids: bool = False  # return_token_ids: prompt_token_ids and each choice's token_ids
+    tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprobs say "token_id:<id>"
+    include_stop: bool = False  # include_stop_str_in_output
+    usage_every_chunk: bool = False  # stream_options.continuous_usage_stats
+
+    @classmethod
+    def of(cls, req) -> Returns:
+        options = getattr(req, "stream_options", None)
+        return cls(bool(getattr(req, "return_token_ids", False)),
+                   bool(getattr(req, "return_tokens_as_token_ids", False)),
+                   bool(getattr(req, "include_stop_str_in_output", False)),
+                   bool(options and options.include_usage and options.continuous_usage_stats))
 
 
 def empty_output(job: Job, i: int) -> RequestOutput:
@@ -187,28 +206,59 @@ class TokenTexts:
         return self.bytes(token_id).decode("utf-8", errors="replace")
 
 
-def chat_logprobs(entries, texts: TokenTexts, num_top: int) -> P.ChatLogprobs:
-    """`entries`: guided.outputs.TokenLogprob list -> choices[i].logprobs of a chat response."""
+def _namer(texts: TokenTexts, as_ids: bool):
+    return (lambda t: f"token_id:{t}") if as_ids else texts.text
+
+
+def chat_logprobs(entries, texts: TokenTexts, num_top: int, as_ids: bool = False
+                  ) -> P.ChatLogprobs:
+    """`entries`: guided.outputs.TokenLogprob list -> choices[i].logprobs of a chat response;
+    as_ids (return_tokens_as_token_ids): tokens named "token_id:<id>", as vLLM names them."""
+    name = _namer(texts, as_ids)
     content = []
     for e in entries:
-        top = [P.TopLogprob(token=texts.text(t), logprob=lp, bytes=list(texts.bytes(t)))
+        top = [P.TopLogprob(token=name(t), logprob=lp, bytes=list(texts.bytes(t)))
                for t, lp in e.top[:num_top]]
-        content.append(P.ChatTokenLogprob(token=texts.text(e.token_id), logprob=e.logprob,
+        content.append(P.ChatTokenLogprob(token=name(e.token_id), logprob=e.logprob,
                                           bytes=list(texts.bytes(e.token_id)),
                                           top_logprobs=top))
     return P.ChatLogprobs(content=content)
 
 
-def completion_logprobs(entries, texts: TokenTexts, num_top: int, offset: int
-                        ) -> P.CompletionLogprobs:
+def completion_logprobs(entries, texts: TokenTexts, num_top: int, offset: int,
+                        as_ids: bool = False) -> P.CompletionLogprobs:
+    """The legacy format: each position's top_logprobs also holds the sampled token (as
+    OpenAI's and vLLM's do: logprobs=0 gives it alone)."""
+    name = _namer(texts, as_ids)
     out = P.CompletionLogprobs()
     for e in entries:
-        token = texts.text(e.token_id)
+        token = name(e.token_id)
         out.tokens.append(token)
         out.token_logprobs.append(e.logprob)
-        out.top_logprobs.append({texts.text(t): lp for t, lp in e.top[:num_top]})
+        top = {name(t): lp for t, lp in e.top[:num_top]}
+        top.setdefault(token, e.logprob)
+        out.top_logprobs.append(top)
         out.text_offset.append(offset)
-        offset += len(token)
+        offset += len(texts.text(e.token_id))
+    return out
+
+
+def stop_reasons(job: Job, i: int, out: RequestOutput) -> tuple[str | int | None, str | int | None]:
+    """(vLLM's stop_reason, SGLang's matched_stop) of a finished choice: the stop string, or the
+    stop token (vLLM names only those of stop_token_ids, SGLang EOS too)."""
+    if not out.finished or out.finish_reason != "stop" or out.stop_reason is None:
+        return None, None
+    reason = out.stop_reason
+    if isinstance(reason, int) and reason not in (job.params[i].stop_token_ids or ()):
+        return None, reason
+    return reason, reason
+
+
+def with_stop_string(job: Job, out: RequestOutput) -> RequestOutput:
+    """include_stop_str_in_output: the stop string that ended the output kept at its end."""
+    if job.returns.include_stop and out.finished and out.finish_reason == "stop" and \
+            isinstance(out.stop_reason, str) and not out.text.endswith(out.stop_reason):
+        out.text += out.stop_reason
     return out
 
 
@@ -222,24 +272,42 @@ def usage(job: Job, outs: list[RequestOutput]) -> P.UsageInfo:
 def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
                   ) -> P.ChatCompletionResponse:
     choices = []
+    as_ids, ids = job.returns.tokens_as_ids, job.returns.token_ids
     for i, out in enumerate(outs):
         message, reason = message_out(job.plan, out, reasoning=job.reasoning)
-        logprobs = chat_logprobs(out.logprobs or [], texts, job.num_top) \
+        logprobs = chat_logprobs(out.logprobs or [], texts, job.num_top, as_ids) \
             if job.params[i].logprobs is not None else None
+        stop, matched = stop_reasons(job, i, out)
         choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs,
-                                    finish_reason=reason))
+                                    finish_reason=reason, stop_reason=stop, matched_stop=matched,
+                                    token_ids=list(out.token_ids) if ids else None))
     return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
-                                    usage=usage(job, outs))
+                                    usage=usage(job, outs),
+                                    prompt_token_ids=job.prompts[0] if ids else None)
 
 
 def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, *, echo: bool
                         ) -> P.CompletionResponse:
     choices = []
+    as_ids, ids = job.returns.tokens_as_ids, job.returns.token_ids
     for i, out in enumerate(outs):
         prefix = job.echo[job.prompt_of[i]] if echo else ""
-        logprobs = completion_logprobs(out.logprobs or [], texts, job.num_top, len(prefix)) \
-            if job.params[i].logprobs is not None else None
-        choices.append(P.CompletionChoice(index=i, text=prefix + out.text, logprobs=logprobs,
-                                          finish_reason=out.finish_reason))
+        logprobs = completion_logprobs(out.logprobs or [], texts, job.num_top, len(prefix),
+                                       as_ids) if job.params[i].logprobs is not None else None
+        stop, matched = stop_reasons(job, i, out)
+        choices.append(P.CompletionChoice(
+            index=i, text=prefix + out.text, logprobs=logprobs, finish_reason=out.finish_reason,
+            stop_reason=stop, matched_stop=matched,
+            token_ids=list(out.token_ids) if ids else None,
+            prompt_token_ids=job.prompts[job.prompt_of[i]] if ids else None))
     return P.CompletionResponse(id=job.request_id, model=job.model, choices=choices,
                                 usage=usage(job, outs))
+
+
+def response_body(response: P.ChatCompletionResponse | P.CompletionResponse) -> dict:
+    """A whole response as JSON: None left out, but for the choice fields sent as null."""
+    body = response.model_dump(exclude_none=True)
+    for choice in body["choices"]:
+        for name in P.NULL_CHOICE_FIELDS:
+            choice.setdefault(name, None)
+    return body

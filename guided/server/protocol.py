@@ -22,7 +22,8 @@ class _Response(BaseModel):
 # ---- shared request pieces ----------------------------------------------------------------------
 
 class StreamOptions(_Request):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM's: usage in every chunk
 
 
 class JsonSchemaFormat(_Request):
@@ -63,6 +64,12 @@ class _SamplingFields(ConstraintExtensions):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep the last k (-1: all
+    # the context holds)
+    return_token_ids: bool = False  # vLLM's: prompt_token_ids and each choice's token_ids
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:<id>"
 
     @field_validator("stop")
     @classmethod
@@ -91,7 +98,9 @@ class ToolCall(_Request):
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    # any role, as vLLM takes it: the chat template renders it (system, developer, user,
+    # assistant, tool and function have their OpenAI meanings)
+    role: str = Field(min_length=1)
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -215,11 +224,19 @@ class ChatMessageOut(_Response):
     reasoning: str | None = None  # the same, under vLLM's newer name
 
 
+# sent even when null in a whole (not streamed) response: SGLang's clients read matched_stop
+# and OpenAI's send logprobs and finish_reason
+NULL_CHOICE_FIELDS = ("logprobs", "finish_reason", "stop_reason", "matched_stop")
+
+
 class ChatChoice(_Response):
     index: int
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop_token_ids entry
+    matched_stop: str | int | None = None  # SGLang's: the stop string or token (EOS too)
+    token_ids: list[int] | None = None  # return_token_ids
 
 
 class ChatCompletionResponse(_Response):
@@ -229,6 +246,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = None  # return_token_ids
 
 
 class FunctionCallDelta(_Response):
@@ -257,6 +275,7 @@ class ChatChunkChoice(_Response):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(_Response):
@@ -266,6 +285,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: the first chunk's
 
 
 class CompletionLogprobs(_Response):
@@ -280,6 +300,10 @@ class CompletionChoice(_Response):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    matched_stop: str | int | None = None
+    token_ids: list[int] | None = None  # return_token_ids (in a stream: this chunk's)
+    prompt_token_ids: list[int] | None = None  # return_token_ids (in a stream: the first chunk)
 
 
 class CompletionResponse(_Response):

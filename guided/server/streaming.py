@@ -30,6 +30,7 @@ from guided.server.jobs import (
     split_reasoning,
     usage,
     visible,
+    with_stop_string,
 )
 from guided.server.tool_output import ToolCallStreamer
 from guided.serving.request_stream import RequestStream
@@ -89,10 +90,12 @@ class ChunkFrame:
     def _finish(finish: str | None) -> str:
         return _END if finish is None else f', "finish_reason": {_json(finish)}{_END}'
 
-    def chat(self, choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> str:
+    def chat(self, choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None,
+             prompt_token_ids: list[int] | None = None) -> str:
         """Any chat chunk (tool-call deltas, logprobs, usage) through the pydantic models."""
         return sse(P.ChatCompletionChunk(id=self.request_id, model=self.model,
-                                         created=self.created, choices=choices, usage=usage))
+                                         created=self.created, choices=choices, usage=usage,
+                                         prompt_token_ids=prompt_token_ids))
 
     def completion(self, choices: list[P.CompletionChoice],
                    usage: P.UsageInfo | None = None) -> str:
@@ -148,23 +151,62 @@ async def _merged_choices(job: Job, streams: list[RequestStream]
             t.cancel()
 
 
+class _Sent:
+    """What a stream has sent of each choice so far (text, logprob entries, token ids), and
+    the latest output of each (usage in every chunk counts them)."""
+
+    def __init__(self, job: Job):
+        n = len(job.params)
+        self.job = job
+        self.text, self.entries, self.ids = [0] * n, [0] * n, [0] * n
+        self.latest: dict[int, RequestOutput] = {}
+
+    def new_text(self, i: int, text: str) -> str:
+        new, self.text[i] = text[self.text[i]:], len(text)
+        return new
+
+    def new_entries(self, i: int, out: RequestOutput) -> list:
+        new = (out.logprobs or [])[self.entries[i]:]  # out.logprobs: None unless asked
+        self.entries[i] += len(new)
+        return new
+
+    def new_ids(self, i: int, out: RequestOutput) -> list[int] | None:
+        """This chunk's token ids, where the request asked for them (return_token_ids)."""
+        if not self.job.returns.token_ids:
+            return None
+        new, self.ids[i] = list(out.token_ids[self.ids[i]:]), len(out.token_ids)
+        return new
+
+    def usage(self) -> P.UsageInfo | None:
+        """Usage so far, where the request asked for it in every chunk."""
+        if not self.job.returns.usage_every_chunk:
+            return None
+        return usage(self.job, list(self.latest.values()))
+
+
 async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                       include_usage: bool) -> AsyncIterator[str]:
-    n = len(job.params)
+    n, returns = len(job.params), job.returns
     frame = ChunkFrame(job.request_id, job.model, "chat.completion.chunk")
-    sent_text, sent_tokens, sent_thought = [0] * n, [0] * n, [0] * n
+    sent, sent_thought = _Sent(job), [0] * n
     streamers = [ToolCallStreamer(job.plan) if job.plan else None for _ in range(n)]
     legacy = job.plan is not None and job.plan.legacy
-    finals: dict[int, RequestOutput] = {}
+    slow = returns.token_ids or returns.usage_every_chunk  # every chunk through the models
 
     for i in range(n):  # the body runs in merged(), which aborts the requests at its end
-        yield frame.chat_role(i)
+        if slow:
+            yield frame.chat([P.ChatChunkChoice(index=i, delta=P.ChatDelta(
+                role="assistant", content=""))], usage=sent.usage(),
+                prompt_token_ids=job.prompts[0] if returns.token_ids and i == 0 else None)
+        else:
+            yield frame.chat_role(i)
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":  # the choice ends, then the stream (clients wait
             yield frame.chat_text(i, None, "error")  # for both)
             yield sse(error_payload(out))
             yield DONE
             return
+        sent.latest[i] = with_stop_string(job, out)
         text, tool_deltas = visible(out), None
         if job.reasoning:  # the think section streams as reasoning_content, the rest as usual
             thought, text = split_reasoning(text, finished=out.finished)
@@ -172,28 +214,26 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                 new = thought[sent_thought[i]:]
                 delta = P.ChatDelta(reasoning_content=new, reasoning=new)
                 sent_thought[i] = len(thought)
-                yield frame.chat([P.ChatChunkChoice(index=i, delta=delta)])
+                yield frame.chat([P.ChatChunkChoice(index=i, delta=delta)], usage=sent.usage())
         if streamers[i] is not None:
             content, tool_deltas = streamers[i].deltas(text, out.finished)
         else:
-            content = text[sent_text[i]:]
-            sent_text[i] = len(text)
-        new_entries = (out.logprobs or [])[sent_tokens[i]:]  # out.logprobs: None unless asked
-        sent_tokens[i] += len(new_entries)
-        logprobs = chat_logprobs(new_entries, server.texts, job.num_top) if new_entries else None
+            content = sent.new_text(i, text)
+        new_entries, new_ids = sent.new_entries(i, out), sent.new_ids(i, out)
+        logprobs = chat_logprobs(new_entries, server.texts, job.num_top,
+                                 returns.tokens_as_ids) if new_entries else None
         finish = finish_reason(out, bool(streamers[i] and streamers[i].calls), legacy)
-        if tool_deltas or logprobs:
+        if tool_deltas or logprobs or (slow and (content or finish or new_ids)):
             delta = P.ChatDelta(content=content or None, tool_calls=[
                 P.ToolCallDelta.model_validate(d) for d in tool_deltas or ()] or None)
             yield frame.chat([P.ChatChunkChoice(index=i, delta=legacy_delta(delta) if legacy
                                                 else delta, logprobs=logprobs,
-                                                finish_reason=finish)])
+                                                finish_reason=finish, token_ids=new_ids)],
+                             usage=sent.usage())
         elif content or finish:
             yield frame.chat_text(i, content, finish)
-        if out.finished:
-            finals[i] = out
     if include_usage:
-        yield frame.chat([], usage=usage(job, list(finals.values())))
+        yield frame.chat([], usage=usage(job, list(sent.latest.values())))
     yield DONE
 
 
@@ -209,39 +249,52 @@ def legacy_delta(delta: P.ChatDelta) -> P.ChatDelta:
 
 async def completion_stream(server: Server, job: Job, streams: list[RequestStream], echo: bool,
                             include_usage: bool) -> AsyncIterator[str]:
-    n = len(job.params)
+    """Text chunks; where logprobs are asked, every chunk has a logprobs object (empty where
+    the chunk adds no token), and return_token_ids puts prompt_token_ids on each choice's
+    first chunk."""
+    n, returns = len(job.params), job.returns
     frame = ChunkFrame(job.request_id, job.model, "text_completion")
-    sent_text, sent_tokens = [0] * n, [0] * n
+    sent = _Sent(job)
     offsets = [len(job.echo[job.prompt_of[i]]) if echo else 0 for i in range(n)]
-    finals: dict[int, RequestOutput] = {}
+    first = set(range(n))  # choices whose first chunk is still to come
+    slow = returns.token_ids or returns.usage_every_chunk or job.params[0].logprobs is not None
+
+    def prompt_ids(i: int) -> list[int] | None:
+        if not returns.token_ids or i not in first:
+            return None
+        first.discard(i)
+        return job.prompts[job.prompt_of[i]]
+
     if echo:
         for i in range(n):
-            yield frame.completion_text(i, job.echo[job.prompt_of[i]])
+            text = job.echo[job.prompt_of[i]]
+            yield frame.completion([P.CompletionChoice(
+                index=i, text=text, prompt_token_ids=prompt_ids(i))]) if slow \
+                else frame.completion_text(i, text)
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
             yield frame.completion_text(i, "", "error")
             yield sse(error_payload(out))
             yield DONE
             return
+        sent.latest[i] = with_stop_string(job, out)
         text = visible(out)
-        new_text = text[sent_text[i]:]
-        sent_text[i] = len(text)
-        new_entries = (out.logprobs or [])[sent_tokens[i]:]
-        sent_tokens[i] += len(new_entries)
-        logprobs = None
-        if new_entries:
-            logprobs = completion_logprobs(new_entries, server.texts, job.num_top,
-                                           offsets[i] + len(text) - len(new_text))
+        new_text = sent.new_text(i, text)
+        new_entries, new_ids = sent.new_entries(i, out), sent.new_ids(i, out)
         finish = out.finish_reason if out.finished else None
-        if logprobs:
-            yield frame.completion([P.CompletionChoice(index=i, text=new_text, logprobs=logprobs,
-                                                       finish_reason=finish)])
-        elif new_text or out.finished:
+        if not (new_text or finish or new_entries or new_ids):
+            continue
+        if slow:
+            logprobs = None if job.params[i].logprobs is None else completion_logprobs(
+                new_entries, server.texts, job.num_top,
+                offsets[i] + len(text) - len(new_text), returns.tokens_as_ids)
+            yield frame.completion([P.CompletionChoice(
+                index=i, text=new_text, logprobs=logprobs, finish_reason=finish,
+                token_ids=new_ids, prompt_token_ids=prompt_ids(i))], usage=sent.usage())
+        else:
             yield frame.completion_text(i, new_text, finish)
-        if out.finished:
-            finals[i] = out
     if include_usage:
-        yield frame.completion([], usage=usage(job, list(finals.values())))
+        yield frame.completion([], usage=usage(job, list(sent.latest.values())))
     yield DONE
 
 

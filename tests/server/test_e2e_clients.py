@@ -256,3 +256,151 @@ def test_structural_tag_response_format_and_sglang_field(client, server_url):
     for part in body["text"].split("<n>")[1:]:
         value, end, _ = part.partition("</n>")
         assert end and isinstance(json.loads(value), int), body["text"]
+
+
+# ---- vLLM's and SGLang's response extensions, and their refusals ------------------------------
+
+def _raw(server_url: str, path: str, **body) -> dict:
+    r = httpx.post(server_url + path, timeout=300, json={"model": MODEL, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_stream_options_need_stream_and_continuous_usage_counts_every_chunk(client):
+    """vLLM's (and OpenAI's) 400 for stream_options without a stream; continuous_usage_stats:
+    usage in every chunk, its completion tokens growing, the usage-only chunk last."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, stream_options={"include_usage": True})
+    assert e.value.body["param"] == "stream_options"
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
+        temperature=0, stream=True, stream_options=options, extra_body={"min_tokens": 6})
+    counts = []
+    for chunk in chat:
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        counts.append((chunk.usage.completion_tokens, bool(chunk.choices)))
+    assert counts[0] == (0, True) and counts[-1] == (6, False), counts
+    grown = [c for c, has_choices in counts if has_choices]
+    assert grown == sorted(set(grown)), counts  # strictly growing while choices come
+    text = ""
+    for chunk in client.completions.create(model=MODEL, prompt="Digits: ", max_tokens=6,
+                                           temperature=0, stream=True, stream_options=options,
+                                           extra_body={"regex": "[0-9]{4}"}):
+        assert chunk.usage.completion_tokens > 0
+        text += "".join(c.text for c in chunk.choices)
+    assert re.fullmatch("[0-9]{4}", text), text
+
+
+def test_return_token_ids_and_tokens_as_ids(server_url, client):
+    """return_token_ids: the prompt's and each choice's ids; return_tokens_as_token_ids: logprobs
+    name tokens "token_id:<id>"; legacy logprobs=0 still gives the sampled token's entry."""
+    ids = httpx.post(server_url + "/tokenize", json={"prompt": "Digits:"}).json()["tokens"]
+    r = client.completions.create(model=MODEL, prompt="Digits:", max_tokens=6, temperature=0,
+                                  logprobs=0, extra_body={"return_token_ids": True,
+                                                          "return_tokens_as_token_ids": True,
+                                                          "regex": " [0-9]{3}"})
+    choice = r.choices[0]
+    assert re.fullmatch(" [0-9]{3}", choice.text), choice.text
+    assert choice.prompt_token_ids == ids and choice.token_ids
+    named = [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
+    assert named == choice.token_ids[:len(named)] and len(named) >= len(choice.token_ids) - 1
+    assert all(top == {t: lp} for top, t, lp in zip(choice.logprobs.top_logprobs,
+                                                     choice.logprobs.tokens,
+                                                     choice.logprobs.token_logprobs))
+    text = httpx.post(server_url + "/detokenize", json={"tokens": choice.token_ids}).json()
+    assert text["prompt"].startswith(choice.text)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say yes or no."}], max_tokens=4,
+        temperature=0, extra_body={"return_token_ids": True, "guided_choice": ["yes", "no"]})
+    rendered = httpx.post(server_url + "/tokenize", json={
+        "messages": [{"role": "user", "content": "Say yes or no."}]}).json()["tokens"]
+    assert chat.prompt_token_ids == rendered and chat.choices[0].message.content in ("yes", "no")
+    plain = client.chat.completions.create(model=MODEL, max_tokens=1,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert "prompt_token_ids" not in plain.model_dump() or plain.prompt_token_ids is None
+
+
+WORDS = "( [a-z]{1,8}){1,3}\\."
+
+
+def test_streamed_token_ids_and_logprobs_in_every_chunk(client):
+    stream = client.completions.create(
+        model=MODEL, prompt="A short fact about Python:", max_tokens=30, temperature=0,
+        stream=True, logprobs=1, extra_body={"return_token_ids": True,
+                                             "return_tokens_as_token_ids": True,
+                                             "regex": WORDS})
+    chunks = list(stream)
+    assert chunks[0].choices[0].prompt_token_ids
+    assert all(getattr(c.choices[0], "prompt_token_ids", None) is None for c in chunks[1:])
+    streamed = [i for c in chunks for i in c.choices[0].token_ids]
+    named = [int(t.removeprefix("token_id:")) for c in chunks for t in c.choices[0].logprobs.tokens]
+    assert streamed and named[:len(streamed)] == streamed
+    text = "".join(c.choices[0].text for c in chunks)
+    assert re.fullmatch(WORDS, text), text
+    chat = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+        stream=True, extra_body={"return_token_ids": True}))
+    assert chat[0].prompt_token_ids and all("prompt_token_ids" not in c.model_dump()
+                                            for c in chat[1:])
+    assert [i for c in chat for i in (c.choices[0].model_dump().get("token_ids") or [])]
+
+
+def test_stop_reason_matched_stop_and_include_stop_str(server_url, client):
+    """vLLM's stop_reason and SGLang's matched_stop (null on a length stop, sent all the same),
+    the EOS token as SGLang's matched_stop; include_stop_str_in_output keeps the stop string."""
+    kw = {"prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0, "stop": ["5"]}
+    body = _raw(server_url, "/v1/completions", **kw)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == "5" == \
+        choice["matched_stop"] and not choice["text"].endswith("5")
+    kept = _raw(server_url, "/v1/completions", include_stop_str_in_output=True, **kw)
+    assert kept["choices"][0]["text"] == choice["text"] + "5"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, stream=True, extra_body={"include_stop_str_in_output": True}, **kw))
+    assert streamed == choice["text"] + "5"
+    cut = _raw(server_url, "/v1/chat/completions", max_tokens=2,
+               messages=[{"role": "user", "content": "Hi"}])["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["matched_stop"] is None and \
+        "matched_stop" in cut and "stop_reason" in cut
+    ended = _raw(server_url, "/v1/chat/completions", max_tokens=8, temperature=0,
+                 messages=[{"role": "user", "content": "Yes or no?"}],
+                 guided_choice=["yes", "no"])["choices"][0]
+    assert ended["message"]["content"] in ("yes", "no") and ended["finish_reason"] == "stop"
+    assert ended["stop_reason"] is None  # EOS: not one of stop / stop_token_ids
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"use_beam_search": True, "n": 2}, "use_beam_search"),
+    ({"best_of": 3}, "best_of"),
+    ({"stop_regex": "and|or"}, "stop_regex"),
+    ({"stop_token_ids": [49152]}, "stop_token_ids"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+])
+def test_sampling_fields_guided_does_not_do_are_a_400(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body=extra)
+    assert e.value.body["param"] == param, e.value.body
+    if param == "stop_token_ids":
+        assert "49152" in e.value.body["message"]
+
+
+def test_custom_roles_invocations_and_truncated_prompts(server_url, client):
+    """vLLM takes any role (the chat template renders it) and serves /invocations by the body's
+    shape; truncate_prompt_tokens keeps the prompt's last tokens."""
+    answers = [client.chat.completions.create(
+        model=MODEL, messages=[{"role": "my-custom-role", "content": content}], max_tokens=8,
+        temperature=0, extra_body={"guided_regex": "[A-Z][a-z]+"}).choices[0].message.content
+        for content in ("What is 1+1?", [{"type": "text", "text": "What is 1+1?"}])]
+    assert answers[0] == answers[1] and re.fullmatch("[A-Z][a-z]+", answers[0]), answers
+    chat = _raw(server_url, "/invocations", messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=2)
+    text = _raw(server_url, "/invocations", prompt="Hi", max_tokens=2, guided_regex="[0-9]+")
+    assert chat["object"] == "chat.completion" and text["object"] == "text_completion"
+    assert re.fullmatch("[0-9]+", text["choices"][0]["text"])
+    r = client.completions.create(model=MODEL, prompt=list(range(100, 110)), max_tokens=1,
+                                  extra_body={"truncate_prompt_tokens": 4,
+                                              "return_token_ids": True})
+    assert r.choices[0].prompt_token_ids == list(range(106, 110)) and r.usage.prompt_tokens == 4

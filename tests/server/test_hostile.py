@@ -153,7 +153,7 @@ BAD_FIELDS = {
     "messages missing": (CHAT, {"model": "default"}),
     "messages empty": chat(messages=[]),
     "messages string": chat(messages="hi"),
-    "messages bad role": chat(messages=[{"role": "wizard", "content": "x"}]),
+    "messages empty role": chat(messages=[{"role": "", "content": "x"}]),
     "messages no role": chat(messages=[{"content": "x"}]),
     "messages content int": chat(messages=[{"role": "user", "content": 5}]),
     "messages content dict": chat(messages=[{"role": "user", "content": {"a": 1}}]),
