@@ -3,8 +3,8 @@
 For each subset: compile up to --per-subset schemas (cold: a fresh compiler; cached: a second
 submit of the same spec), then walk each valid instance's tokens, timing fill_bitmask before
 every token. Also times fill_draft_rows over a batch of matchers halfway through an instance,
-without drafts and with the instance's next tokens as drafts, one thread vs several. Prints
-markdown.
+without drafts and with the instance's next tokens as drafts, one thread vs several; and the
+grammar-text rewrites' time a schema (Python a compile holds the GIL for). Prints markdown.
 
     python benchmarks/bench_grammar.py [--per-subset N] [--batch 64]
 """
@@ -55,6 +55,7 @@ def main() -> None:
     eos = compiler.vocab.eos_token_ids[0]
     files = sorted(str(p) for p in (DATA / "jsonschemabench").glob("*.jsonl"))
     cases = load_cases(args.per_subset, files)
+    rewrites(cases)  # first: no compile has met these grammars yet
     words = (compiler.vocab.vocab_size + 31) // 32
     bitmask = torch.zeros(args.batch, words, dtype=torch.int32)  # (batch, ceil(V / 32))
     rows = []
@@ -130,6 +131,32 @@ def main() -> None:
             print(f"| {size} | {(row - size) / size:.1f} | {row} | {timings[1]:.0f} | "
                   f"{timings[args.threads]:.0f} | {args.threads} |")
     compiler.shutdown()
+
+
+def rewrites(cases) -> None:
+    """The grammar-text rewrites of every schema's xgrammar grammar, one after another as a
+    server's compiles meet them: Python a compile thread runs holding the GIL the step loop
+    needs (grammar_text.py)."""
+    import xgrammar as xgr
+
+    from guided.errors import ConstraintError
+    from guided.fsm.grammar_text import budget_long_repetitions, exact_utf8
+    from guided.fsm.schema_check import check_schema
+
+    texts = []
+    for case in cases:
+        try:
+            checked = json.dumps(check_schema(case.schema))
+            texts.append(str(xgr.Grammar.from_json_schema(checked, strict_mode=True)))
+        except (ConstraintError, RuntimeError, ValueError):
+            continue
+    start = time.perf_counter()
+    for text in texts:
+        budget_long_repetitions(exact_utf8(text))
+    seconds = time.perf_counter() - start
+    print(f"grammar-text rewrites (exact_utf8, budget_long_repetitions) of {len(texts)} "
+          f"schemas' grammars: {seconds * 1e3:.1f} ms, {seconds / max(len(texts), 1) * 1e6:.0f} "
+          "µs a grammar\n")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import re._constants as sre
@@ -38,6 +39,7 @@ _NAMED = {"0": "\0", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b":
 UNROLLED = 128
 # xgrammar's rule names may hold '-' and '.'
 _NAME = r"[\w.-]+"
+_WORD_RUN = re.compile(_NAME)  # greedy: each match is a whole word, as a name is
 # a rule whose whole body is one character class, as xgrammar prints it: name ::= (([...]))
 _CLASS_RULE = re.compile(rf"^({_NAME}) ::= \(\(({_EBNF_CLASS})\)\)$", re.MULTILINE)
 # scanned left to right: a quoted literal or a class (which may hold a quote), passed over
@@ -60,6 +62,10 @@ def exact_utf8(grammar: str) -> str:
     return _GRAMMAR_PIECE.sub(piece, grammar)
 
 
+# the few distinct classes and patterns of a workload's grammars repeat in all of them (14,272
+# class pieces, 134 distinct, over 190 JSON schemas), and a compile holds the GIL the step loop
+# needs while it rewrites them: each is read once
+@functools.lru_cache(maxsize=4096)
 def exact_pattern(pattern: str) -> str:
     """The regex with each class reaching past ASCII, and `.`, as (a|b|..): one class per UTF-8
     length, none holding a surrogate."""
@@ -83,6 +89,7 @@ def budget_long_repetitions(ebnf: str) -> str | None:
     `c{m} budget`, budget being `c*` limited to n - m characters; None when nothing changes."""
     classes = {name for name, _ in _CLASS_RULE.findall(ebnf)}
     budgets: dict[str, str] = {}
+    taken: set[str] = set()  # every name-like word of the text, read at the first budget
 
     def spell(match: re.Match) -> str:
         if match.group("opaque"):
@@ -91,7 +98,9 @@ def budget_long_repetitions(ebnf: str) -> str | None:
         if name not in classes or high <= UNROLLED or low > UNROLLED:
             return match.group(0)
         budget = f"{name}_budget_{high - low}"
-        while re.search(rf"(?<![\w.-]){re.escape(budget)}(?![\w.-])", ebnf):
+        if not taken:
+            taken.update(_WORD_RUN.findall(ebnf))
+        while budget in taken:
             budget += "_"  # a name the grammar already uses
         budgets[budget] = f"{budget}[max_chars={high - low}] ::= {name}*"
         return f"{name}{{{low}}} {budget}" if low else budget
@@ -102,6 +111,7 @@ def budget_long_repetitions(ebnf: str) -> str | None:
     return text.rstrip("\n") + "\n" + "\n".join(budgets.values()) + "\n"
 
 
+@functools.lru_cache(maxsize=4096)
 def _ebnf_class(text: str) -> str:
     ranges = _class_ranges(text)
     if ranges is None or not any(lo <= SURROGATES[1] and hi >= SURROGATES[0]
