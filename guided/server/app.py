@@ -123,6 +123,8 @@ class Server:
         job = jobs.Job(jobs.new_id("chatcmpl"), self.model_name, [ids], [], [], plan, num_top,
                        reasoning=self.reasoning and thinks)
         self._check_openai_fields(job, req)
+        if req.echo and req.messages[-1].role == "assistant":
+            job.echo.append(req.messages[-1].text())
         self._add_choices(job, req, 0, logprobs, plan.constraint if plan else {}, "messages")
         self._quick_check(job)
         return job
@@ -330,7 +332,8 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
             return error_response(400, str(e), param=e.param, code=code)
         except door.BodyTooLarge:
             return error_response(
-                413, f"the request body is larger than {door.MAX_BODY_BYTES} bytes", code=413)
+                413, f"Payload Too Large: the request body is larger than {door.MAX_BODY_BYTES} "
+                "bytes", code=413)
         except RecursionError:  # a pathologically nested value inside a valid body
             return error_response(400, "the request is nested too deeply")
         except QueueFullError as e:  # what OpenAI and vLLM clients retry as rate limiting

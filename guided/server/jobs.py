@@ -83,7 +83,8 @@ class Job:
     prompt_of: list[int]
     plan: ToolPlan | None = None
     num_top: int = 0
-    echo: list[str] = field(default_factory=list)  # completions: prompt text per prompt
+    # completions: each prompt's text; chat with echo: the last message's text
+    echo: list[str] = field(default_factory=list)
     constraint_param: str | None = None  # the field the constraint came from (for 400s)
     reasoning: bool = False  # chat on a reasoning parser: <think> ... </think> comes first
     returns: Returns = field(default_factory=lambda: Returns())
@@ -275,6 +276,8 @@ def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
     as_ids, ids = job.returns.tokens_as_ids, job.returns.token_ids
     for i, out in enumerate(outs):
         message, reason = message_out(job.plan, out, reasoning=job.reasoning)
+        if job.echo and not message.tool_calls:  # chat echo: the last message's text first
+            message.content = job.echo[0] + (message.content or "")
         logprobs = chat_logprobs(out.logprobs or [], texts, job.num_top, as_ids) \
             if job.params[i].logprobs is not None else None
         stop, matched = stop_reasons(job, i, out)

@@ -150,6 +150,11 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[FunctionDef] | None = None
     function_call: Literal["none", "auto"] | NamedFunction | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
+    # vLLM's: the template's own switches (chat_template_kwargs may set them too), and echo:
+    # the last (assistant) message's text opens the answer
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
 
     @property
     def max_new_tokens(self) -> int | None:

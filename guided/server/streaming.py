@@ -200,6 +200,8 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                 prompt_token_ids=job.prompts[0] if returns.token_ids and i == 0 else None)
         else:
             yield frame.chat_role(i)
+        if job.echo:  # chat echo: the last message's text first
+            yield frame.chat_text(i, job.echo[0])
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":  # the choice ends, then the stream (clients wait
             yield frame.chat_text(i, None, "error")  # for both)

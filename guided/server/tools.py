@@ -60,6 +60,8 @@ def plan_request_tools(req: ChatCompletionRequest, tool_format: ToolFormat | Non
         parallel = False
     elif req.function_call is not None:
         raise InvalidRequestError("function_call needs functions", param="function_call")
+    if tool_choice == "auto" and not tools:  # as OpenAI and vLLM refuse it
+        raise InvalidRequestError('tool_choice "auto" needs tools', param="tool_choice")
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
     uses_tools = bool(tools) and tool_choice != "none"
@@ -258,7 +260,13 @@ def template_kwargs(req: ChatCompletionRequest, plan: ToolPlan | None, *,
                     native_tools: bool) -> dict[str, Any]:
     """apply_chat_template's kwargs: the tools (templates that render them) and the client's
     chat_template_kwargs (e.g. enable_thinking; add_generation_prompt may be turned off)."""
-    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    kwargs: dict[str, Any] = {"add_generation_prompt": req.add_generation_prompt}
+    if req.continue_final_message:  # the last message stays open: the answer continues it
+        if req.add_generation_prompt or req.messages[-1].role != "assistant":
+            raise InvalidRequestError(
+                "continue_final_message needs add_generation_prompt false and an assistant "
+                "message last", param="continue_final_message")
+        kwargs["continue_final_message"] = True
     if plan is not None and native_tools:
         kwargs["tools"] = [{"type": "function", "function": f} for f in plan.functions]
     for key, value in (req.chat_template_kwargs or {}).items():

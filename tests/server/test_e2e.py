@@ -196,6 +196,10 @@ BAD_REQUESTS = [
     ("negative max_tokens", {"max_tokens": -1}, "max_tokens"),
     ("two constraints", {"extra_body": {"regex": "a", "choice": ["a"]}}, None),
     ("too long for the context", {"max_tokens": 10**6}, "max_tokens"),
+    ("auto without tools", {"tool_choice": "auto"}, "tool_choice"),
+    ("continue a user message", {"extra_body": {"continue_final_message": True,
+                                                "add_generation_prompt": False}},
+     "continue_final_message"),
 ]
 
 

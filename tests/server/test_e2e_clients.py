@@ -404,3 +404,26 @@ def test_custom_roles_invocations_and_truncated_prompts(server_url, client):
                                   extra_body={"truncate_prompt_tokens": 4,
                                               "return_token_ids": True})
     assert r.choices[0].prompt_token_ids == list(range(106, 110)) and r.usage.prompt_tokens == 4
+
+
+def test_continue_final_message_and_chat_echo(client):
+    """vLLM's add_generation_prompt / continue_final_message: the answer continues the last
+    assistant message; echo puts that message's text first, whole and streamed."""
+    opening = "An apple a day keeps"
+    messages = [{"role": "user", "content": "Tell me a common saying."},
+                {"role": "assistant", "content": opening}]
+    tail = " the [a-z]{1,10} away\\."
+
+    def answer(echo: bool, **kw) -> str:
+        extra = {"echo": echo, "continue_final_message": True, "add_generation_prompt": False,
+                 "guided_regex": tail}
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                           temperature=0, extra_body=extra, **kw)
+        if kw.get("stream"):
+            return "".join(c.choices[0].delta.content or "" for c in r)
+        assert r.choices[0].finish_reason == "stop"
+        return r.choices[0].message.content
+
+    continued = answer(False)
+    assert re.fullmatch(tail, continued), continued
+    assert answer(True) == opening + continued == answer(True, stream=True)

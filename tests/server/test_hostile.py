@@ -328,8 +328,9 @@ def test_unknown_path(http, path):
 
 def test_huge_body_is_413(http):
     body = b'{"model": "default", "prompt": "' + b"a" * (33 * 2 ** 20) + b'"}'
-    assert_error(send(http, "POST", COMPLETIONS, content=body,
-                      headers={"content-type": "application/json"}), 413)
+    error = assert_error(send(http, "POST", COMPLETIONS, content=body,
+                              headers={"content-type": "application/json"}), 413)
+    assert "Payload Too Large" in error["message"]  # the words SGLang's clients look for
 
 
 @pytest.mark.parametrize("regex", ["(?=a)", "\U00040000"])  # a lookahead; no token starts it
