@@ -7,6 +7,7 @@
 #
 #   bash benchmarks/tree_vs_tree.sh serve      # default model, JSON at 64: cold then warm pass
 #   ROUNDS=3 bash benchmarks/tree_vs_tree.sh serve   # old, new, old, new, ...: medians per pass
+#   bash benchmarks/tree_vs_tree.sh trees DIR...   # serve's passes from each tree in turn
 #   bash benchmarks/tree_vs_tree.sh offline C  # synthetic:llama-3-8b, engine_offline --paired at C
 #   bash benchmarks/tree_vs_tree.sh free C     # the same, --free: every request max-tokens long
 #   bash benchmarks/tree_vs_tree.sh common     # the workload's rows both trees serve -> /tmp/wl/both.jsonl
@@ -124,5 +125,7 @@ PY
   offline) both offline "${2:-64}" paired ;;
   free) both offline "${2:-64}" free ;;
   common) common 2>&1 | tee -a "$OUT/tree_vs_tree.log" ;;
-  *) echo "usage: $0 serve | offline CONCURRENCY | free CONCURRENCY | common" >&2; exit 2 ;;
+  trees) shift; for tree in "$@"; do serve "$tree" "$(basename "$tree")"; done ;;
+  *) echo "usage: $0 serve | offline CONCURRENCY | free CONCURRENCY | common | trees DIR..." >&2
+     exit 2 ;;
 esac
