@@ -108,7 +108,6 @@ def test_misspelt_constraint_fields_are_a_400_suggesting_the_name(make, typo, ri
 @pytest.mark.parametrize("field", [
     "metadata", "store", "service_tier", "reasoning_effort", "modalities", "prediction",
     "web_search_options", "prompt_cache_key", "safety_identifier", "verbosity", "frobnicate",
-    "add_generation_prompt",
     "separate_reasoning", "priority", "request_id", "cache_salt",
 ])
 def test_other_unknown_fields_are_accepted(field):
