@@ -156,6 +156,8 @@ class Server:
     def _check_openai_fields(self, job: jobs.Job, req) -> None:
         """The /v1 routes' checks beyond the fields' own (as OpenAI and vLLM make them), and
         what the request asks to see beside the text."""
+        if getattr(req, "top_logprobs", None) and not req.logprobs:  # as OpenAI and vLLM
+            raise InvalidRequestError("top_logprobs needs logprobs true", param="top_logprobs")
         if req.stream_options is not None and not req.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true",
                                       param="stream_options")

@@ -186,11 +186,7 @@ def sampling_extras(req: Any) -> dict:
         if not isinstance(bias, dict):
             raise InvalidRequestError("logit_bias must map token ids to biases",
                                       param="logit_bias")
-        try:
-            extras["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
-        except (TypeError, ValueError):
-            raise InvalidRequestError("logit_bias must map token ids (integers) to numbers",
-                                      param="logit_bias") from None
+        extras["logit_bias"] = _logit_bias(bias)
     for name in ("min_tokens", "min_new_tokens"):
         value = getattr(req, name, None)
         if value is None:
@@ -199,3 +195,24 @@ def sampling_extras(req: Any) -> dict:
             raise InvalidRequestError(f"{name} must be a non-negative integer", param=name)
         extras["min_tokens"] = value
     return extras
+
+
+def _number(value: Any, kind: type) -> Any:
+    try:
+        return kind(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _logit_bias(bias: dict) -> dict[int, float]:
+    """{token id: bias}, or a 400 naming every key that is not a token id, then every value
+    that is not a number (vLLM's clients look for the offending key in the message)."""
+    bad_keys = [k for k in bias if _number(k, int) is None]
+    if bad_keys:
+        raise InvalidRequestError(f"logit_bias keys must be token ids (integers); these are "
+                                  f"not: {bad_keys[:10]}", param="logit_bias")
+    bad_values = [k for k, v in bias.items() if _number(v, float) is None]
+    if bad_values:
+        raise InvalidRequestError(f"logit_bias values must be numbers; not those of tokens "
+                                  f"{bad_values[:10]}", param="logit_bias")
+    return {int(k): float(v) for k, v in bias.items()}

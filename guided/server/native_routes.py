@@ -18,7 +18,7 @@ from guided.outputs import RequestOutput
 from guided.server import protocol as P
 from guided.server.constraint_fields import ConstraintExtensions
 from guided.server.jobs import Job, ModelNotFound, new_id
-from guided.server.streaming import merged, sse_response, unless_disconnected
+from guided.server.streaming import abort_all, merged, sse_response, unless_disconnected
 
 if TYPE_CHECKING:
     from guided.server.app import Server
@@ -230,14 +230,33 @@ def result(server: Server, job: Job, out: RequestOutput, returns: Returns,
     return body
 
 
-async def _stream(server: Server, job: Job, returns: Returns, streams) -> Any:
-    multi = len(job.params) > 1
-    async for i, out in merged(job, streams):
-        if out.finish_reason == "error":
-            yield f"data: {json.dumps({'error': {'message': out.error}})}\n\n"
-            return
-        yield f"data: {json.dumps(result(server, job, out, returns, i if multi else None))}\n\n"
-    yield "data: [DONE]\n\n"
+async def _stream(server: Server, parts: list[tuple[Job, Returns, list]]) -> Any:
+    """Cumulative results as SSE over every prompt of a batch and every choice of each, with
+    its index (SGLang's: prompt-major) where there is more than one."""
+    multi = len(parts) > 1 or len(parts[0][0].params) > 1
+    queue: asyncio.Queue = asyncio.Queue()
+    offsets = [sum(len(j.params) for j, _, _ in parts[:k]) for k in range(len(parts))]
+
+    async def pump(k: int) -> None:
+        job, returns, streams = parts[k]
+        async for i, out in merged(job, streams):
+            await queue.put((job, returns, offsets[k] + i, out))
+
+    tasks = [asyncio.create_task(pump(k)) for k in range(len(parts))]
+    left = sum(len(job.params) for job, _, _ in parts)
+    try:
+        while left:
+            job, returns, index, out = await queue.get()
+            if out.finish_reason == "error":
+                yield f"data: {json.dumps({'error': {'message': out.error}})}\n\n"
+                return
+            left -= out.finished
+            body = result(server, job, out, returns, index if multi else None)
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def add_native_routes(app: FastAPI, server: Server, handle) -> None:
@@ -280,11 +299,18 @@ def add_native_routes(app: FastAPI, server: Server, handle) -> None:
     async def run_generate(request: Request, req: GenerateRequest) -> Response:
         jobs = [build_job(server, req, k, p) for k, p in enumerate(req.prompts())]
         if req.stream:
-            if len(jobs) > 1:
-                raise InvalidRequestError("stream one prompt at a time", param="stream")
-            job, returns = jobs[0]
-            streams = await unless_disconnected(request, server.start(job))
-            return sse_response(_stream(server, job, returns, streams), streams)
+            async def start_all() -> list[tuple[Job, Returns, list]]:
+                parts: list[tuple[Job, Returns, list]] = []
+                try:
+                    for job, returns in jobs:
+                        parts.append((job, returns, await server.start(job)))
+                except BaseException:  # one bad prompt: the ones started are aborted
+                    abort_all([s for _, _, streams in parts for s in streams])
+                    raise
+                return parts
+
+            parts = await unless_disconnected(request, start_all())
+            return sse_response(_stream(server, parts), [s for p in parts for s in p[2]])
 
         async def run_one(job: Job, returns: Returns) -> list[dict[str, Any]]:
             outs = await server.finals(job, await server.start(job))

@@ -135,6 +135,24 @@ def test_sglang_generate_streams_input_ids(server_url):
     assert re.fullmatch(r"( [a-z]+){1,4}\.", texts[-1]), texts[-1]
 
 
+def test_sglang_generate_streams_a_batch(server_url):
+    """A batch streamed (SGLang serves it; guided refused it): each event has its prompt's
+    index and cumulative text, every final text validated."""
+    pattern = "( [a-z]{1,8}){1,3}\\."
+    last: dict[int, dict] = {}
+    with httpx.stream("POST", server_url + "/generate", timeout=300, json={
+            "text": ["The sky is", "Grass is"], "stream": True,
+            "sampling_params": {"max_new_tokens": 30, "temperature": 0, "regex": pattern}}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                body = json.loads(line[5:])
+                last[body["index"]] = body
+    assert sorted(last) == [0, 1]
+    for body in last.values():
+        assert re.fullmatch(pattern, body["text"]) and body["meta_info"]["finish_reason"]
+
+
 def test_sglang_generate_no_stop_trim_and_logprobs(server_url):
     def generate(**kw):
         r = httpx.post(server_url + "/generate", timeout=300, json={
@@ -385,6 +403,19 @@ def test_sampling_fields_guided_does_not_do_are_a_400(client, extra, param):
     assert e.value.body["param"] == param, e.value.body
     if param == "stop_token_ids":
         assert "49152" in e.value.body["message"]
+
+
+@pytest.mark.parametrize("extra,param,words", [
+    ({"logit_bias": {"bad1": 50, "bad2": 20}}, "logit_bias", ["bad1", "bad2"]),
+    ({"logit_bias": {"7": "not_a_number"}}, "logit_bias", ["'7'"]),
+    ({"top_logprobs": 3}, "top_logprobs", ["logprobs"]),
+])
+def test_chat_field_errors_name_the_offender(client, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, **extra)
+    assert e.value.body["param"] == param
+    assert all(word in e.value.body["message"] for word in words), e.value.body
 
 
 def test_custom_roles_invocations_and_truncated_prompts(server_url, client):

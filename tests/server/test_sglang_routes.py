@@ -101,3 +101,16 @@ def test_return_logprob_as_sglang_returns_it(http, stream):
     assert "output_top_logprobs" not in plain
     assert "output_token_logprobs" not in http.post(
         "/generate", json={"text": "ECHO:abc"}).json()["meta_info"]
+
+
+def test_generate_streams_a_batch_each_result_with_its_index(http):
+    r = http.post("/generate", json={"text": ["ECHO:ab", "ECHO:xyz"], "stream": True,
+                                     "sampling_params": {"n": 2}})
+    events = [line[len("data: "):] for line in r.text.split("\n\n") if line]
+    assert r.status_code == 200 and events[-1] == "[DONE]"
+    last: dict[int, str] = {}
+    for event in events[:-1]:
+        body = json.loads(event)
+        assert body["text"].startswith(last.get(body["index"], ""))  # cumulative per index
+        last[body["index"]] = body["text"]
+    assert last == {0: "ab", 1: "ab", 2: "xyz", 3: "xyz"}
