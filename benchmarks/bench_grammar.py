@@ -4,7 +4,7 @@ For each subset: compile up to --per-subset schemas (cold: a fresh compiler; cac
 submit of the same spec), then walk each valid instance's tokens, timing fill_bitmask before
 every token. Also times fill_draft_rows over a batch of matchers halfway through an instance,
 without drafts and with the instance's next tokens as drafts, one thread vs several; and the
-grammar-text rewrites' time a schema (Python a compile holds the GIL for). Prints markdown.
+time of a compile's Python (held under the GIL) a schema. Prints markdown.
 
     python benchmarks/bench_grammar.py [--per-subset N] [--batch 64]
 """
@@ -134,30 +134,39 @@ def main() -> None:
 
 
 def rewrites(cases) -> None:
-    """The grammar-text rewrites of every schema's xgrammar grammar, one after another as a
-    server's compiles meet them: Python a compile thread runs holding the GIL the step loop
-    needs (grammar_text.py)."""
+    """The Python of every schema's compile, one schema after another as a server's compiles
+    meet them: what a compile thread runs holding the GIL the step loop needs (the grammar-text
+    rewrites of grammar_text.py, the bounds check of grammar_bounds.py)."""
     import xgrammar as xgr
 
     from guided.errors import ConstraintError
+    from guided.fsm.grammar_bounds import check_grammar_bounds
     from guided.fsm.grammar_text import budget_long_repetitions, exact_utf8
     from guided.fsm.schema_check import check_schema
 
-    texts = []
+    grammars = []
     for case in cases:
         try:
             checked = json.dumps(check_schema(case.schema))
-            texts.append(str(xgr.Grammar.from_json_schema(checked, strict_mode=True)))
+            grammars.append(xgr.Grammar.from_json_schema(checked, strict_mode=True))
         except (ConstraintError, RuntimeError, ValueError):
             continue
+    texts = [str(grammar) for grammar in grammars]
+    serialized = [grammar.serialize_json() for grammar in grammars]
     start = time.perf_counter()
     for text in texts:
         budget_long_repetitions(exact_utf8(text))
-    seconds = time.perf_counter() - start
-    print(f"grammar-text rewrites (exact_utf8, budget_long_repetitions) of {len(texts)} "
-          f"schemas' grammars: {seconds * 1e3:.1f} ms, {seconds / max(len(texts), 1) * 1e6:.0f} "
+    middle = time.perf_counter()
+    for data in serialized:
+        try:
+            check_grammar_bounds(data)
+        except ConstraintError:
+            pass
+    end = time.perf_counter()
+    each = 1e6 / max(len(texts), 1)
+    print(f"a compile's Python over {len(texts)} schemas' grammars: grammar-text rewrites "
+          f"{(middle - start) * each:.0f} µs a grammar, bounds check {(end - middle) * each:.0f} "
           "µs a grammar\n")
-
 
 if __name__ == "__main__":
     main()

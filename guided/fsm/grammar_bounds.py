@@ -59,51 +59,43 @@ def char_class_matches(args: list[int]) -> bool:
                for lo, hi in ranges)
 
 
-def _leaf_value(kind: int, args: list[int]) -> float | None:
-    """The shortest text of an expression that refers to nothing, else None."""
-    if kind == BYTE_STRING:
-        return float(len(args))
-    if kind == CHAR_CLASS:
-        return 1.0 if char_class_matches(args) else None  # never final: infinite
-    if kind == REPEAT and args[1] <= 0:
-        return 0.0
-    if kind in (SEQUENCE, CHOICES, RULE_REF, REPEAT):
-        return None
-    return 0.0  # empty string, class star, tag dispatch (free text), newer kinds
-
-
 def shortest_texts(grammar: _Grammar) -> tuple[list[float], list[float]]:
     """(shortest text of every expression, of every rule) in bytes (a character counts 1; inf:
     none). Knuth's generalization of Dijkstra: values are finalized smallest first, sound as a
-    sequence's value is at least each part's and a repetition's at least its rule's."""
-    num_exprs, num_rules = len(grammar.kinds), len(grammar.rule_bodies)
+    sequence's value is at least each part's and a repetition's at least its rule's. (Runs in a
+    compile thread holding the GIL the step loop needs: the grammar's lists are read directly.)"""
+    kinds, args_of = grammar.kinds, grammar.args
+    num_exprs, num_rules = len(kinds), len(grammar.rule_bodies)
     # node ids: expressions 0..num_exprs-1, rules num_exprs..num_exprs+num_rules-1
     value = [_INF] * (num_exprs + num_rules)
     parents: list[list[int]] = [[] for _ in range(num_exprs + num_rules)]
     pending = [0] * num_exprs  # a sequence's parts not final yet
     heap: list[tuple[float, int]] = []
-    for expr_id in range(num_exprs):
-        kind, args = grammar.expr(expr_id)
-        leaf = _leaf_value(kind, args)
-        if leaf is not None:
-            heap.append((leaf, expr_id))
-        elif kind == CHAR_CLASS:
-            continue  # matches no character: never final
-        elif kind in (SEQUENCE, CHOICES):
+    for expr_id, kind in enumerate(kinds):
+        args = args_of[expr_id]
+        if kind == SEQUENCE or kind == CHOICES:
             for child in args:
                 parents[child].append(expr_id)
             pending[expr_id] = len(args)
             if kind == SEQUENCE and not args:
                 heap.append((0.0, expr_id))
-        else:  # a rule reference or a counted repetition of a rule
+        elif kind == RULE_REF or (kind == REPEAT and args[1] > 0):
             parents[num_exprs + args[0]].append(expr_id)
+        elif kind == BYTE_STRING:
+            heap.append((float(len(args)), expr_id))
+        elif kind == CHAR_CLASS:
+            if char_class_matches(args):  # else it matches no character: never final
+                heap.append((1.0, expr_id))
+        else:  # empty string, class star, tag dispatch (free text), a repetition of none, newer
+            heap.append((0.0, expr_id))
     for rule, body in enumerate(grammar.rule_bodies):
         parents[body].append(num_exprs + rule)
     heapq.heapify(heap)
     final = [False] * (num_exprs + num_rules)
     sums = [0.0] * num_exprs
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        node_value, node = heapq.heappop(heap)
+        node_value, node = pop(heap)
         if final[node]:
             continue
         final[node], value[node] = True, node_value
@@ -111,18 +103,18 @@ def shortest_texts(grammar: _Grammar) -> tuple[list[float], list[float]]:
             if final[parent]:
                 continue
             if parent >= num_exprs:  # a rule: its body's value
-                heapq.heappush(heap, (node_value, parent))
+                push(heap, (node_value, parent))
                 continue
-            kind, args = grammar.expr(parent)
+            kind = kinds[parent]
             if kind == SEQUENCE:
                 sums[parent] += node_value
                 pending[parent] -= 1
                 if pending[parent] == 0:
-                    heapq.heappush(heap, (sums[parent], parent))
+                    push(heap, (sums[parent], parent))
             elif kind == REPEAT:
-                heapq.heappush(heap, (args[1] * node_value, parent))
+                push(heap, (args_of[parent][1] * node_value, parent))
             else:  # choices (the first part final is the shortest) or a rule reference
-                heapq.heappush(heap, (node_value, parent))
+                push(heap, (node_value, parent))
     return value[:num_exprs], value[num_exprs:]
 
 
