@@ -55,7 +55,7 @@ def main() -> None:
     eos = compiler.vocab.eos_token_ids[0]
     files = sorted(str(p) for p in (DATA / "jsonschemabench").glob("*.jsonl"))
     cases = load_cases(args.per_subset, files)
-    rewrites(cases)  # first: no compile has met these grammars yet
+    compile_python(cases)  # first: no compile has met these grammars yet
     words = (compiler.vocab.vocab_size + 31) // 32
     bitmask = torch.zeros(args.batch, words, dtype=torch.int32)  # (batch, ceil(V / 32))
     rows = []
@@ -133,7 +133,7 @@ def main() -> None:
     compiler.shutdown()
 
 
-def rewrites(cases) -> None:
+def compile_python(cases) -> None:
     """The Python of every schema's compile, one schema after another as a server's compiles
     meet them: what a compile thread runs holding the GIL the step loop needs (the grammar-text
     rewrites of grammar_text.py, the bounds check of grammar_bounds.py)."""
