@@ -127,6 +127,7 @@ def test_a_long_minimum_array_is_refused_naming_its_size():
     ('root ::= [a-z]* "b" | x+\nx ::= "q"{2,100}', 1, 4),
     ('root ::= "a"{30000}', 30000, 30000),  # long, within the limit
     ('root ::= "" | "a" root', 0, 1),
+    ('root ::= "b" | "a" y\ny ::= "q"\nunused ::= "c" unused', 1, 2),  # endless, not reached
 ])
 def test_grammars_that_can_end_pass_with_their_bounds(text, shortest_bytes, longest):
     check_grammar_bounds(ebnf(text))
