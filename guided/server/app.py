@@ -60,8 +60,10 @@ def error_response(status: int, message: str, *, type: str = "invalid_request_er
 
 class Server:
     def __init__(self, engine: EngineClient, *, served_model_name: str | None = None,
-                 reasoning_parser: str | None = None, chat_template: str | None = None):
+                 reasoning_parser: str | None = None, chat_template: str | None = None,
+                 cache_report: bool = False):
         self.engine = engine
+        self.cache_report = cache_report  # usage.prompt_tokens_details.cached_tokens
         if reasoning_parser is not None and reasoning_parser not in jobs.PARSERS:
             raise ValueError(f"reasoning_parser must be one of {jobs.PARSERS}")
         self.reasoning = reasoning_parser is not None
@@ -166,7 +168,7 @@ class Server:
         if bad:
             raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
                                       f"(vocabulary size {size})", param="stop_token_ids")
-        job.returns = jobs.Returns.of(req)
+        job.returns = jobs.Returns.of(req, self.cache_report)
 
     @staticmethod
     def _quick_check(job: jobs.Job) -> None:
@@ -297,9 +299,11 @@ class Server:
 
 def create_app(engine: EngineClient, *, served_model_name: str | None = None,
                drain_timeout: float = 10.0, api_key: str | None = None,
-               reasoning_parser: str | None = None, chat_template: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None, chat_template: str | None = None,
+               cache_report: bool = False) -> FastAPI:
     server = Server(engine, served_model_name=served_model_name,
-                    reasoning_parser=reasoning_parser, chat_template=chat_template)
+                    reasoning_parser=reasoning_parser, chat_template=chat_template,
+                    cache_report=cache_report)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
                        help="require `Authorization: Bearer <key>` on every route but /health "
                             "(default: $GUIDED_API_KEY; none: open)")
+    serve.add_argument("--enable-cache-report", "--enable-prompt-tokens-details",
+                       action="store_true",
+                       help="report usage.prompt_tokens_details.cached_tokens: prompt tokens "
+                            "served from the prefix cache (SGLang's and vLLM's flags)")
     serve.add_argument("--drain-timeout", type=float, default=10.0,
                        help="seconds in-flight requests may finish at shutdown (default: 10)")
     add_engine_flags(serve)
@@ -132,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(engine, served_model_name=args.served_model_name,
                      drain_timeout=args.drain_timeout, api_key=args.api_key,
                      reasoning_parser=args.reasoning_parser,
-                     chat_template=chat_template)
+                     chat_template=chat_template, cache_report=args.enable_cache_report)
     # uvicorn's own grace period only backs up the engine's drain (which ends every stream).
     uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port,
                                     log_level=args.log_level, timeout_graceful_shutdown=

@@ -98,14 +98,16 @@ class Returns:
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprobs say "token_id:<id>"
     include_stop: bool = False  # include_stop_str_in_output
     usage_every_chunk: bool = False  # stream_options.continuous_usage_stats
+    cached_tokens: bool = False  # usage.prompt_tokens_details (serve --enable-cache-report)
 
     @classmethod
-    def of(cls, req) -> Returns:
+    def of(cls, req, cached_tokens: bool = False) -> Returns:
         options = getattr(req, "stream_options", None)
         return cls(bool(getattr(req, "return_token_ids", False)),
                    bool(getattr(req, "return_tokens_as_token_ids", False)),
                    bool(getattr(req, "include_stop_str_in_output", False)),
-                   bool(options and options.include_usage and options.continuous_usage_stats))
+                   bool(options and options.include_usage and options.continuous_usage_stats),
+                   cached_tokens)
 
 
 def empty_output(job: Job, i: int) -> RequestOutput:
@@ -263,11 +265,19 @@ def with_stop_string(job: Job, out: RequestOutput) -> RequestOutput:
     return out
 
 
-def usage(job: Job, outs: list[RequestOutput]) -> P.UsageInfo:
+def usage(job: Job, outs: dict[int, RequestOutput]) -> P.UsageInfo:
+    """Usage of the choices so far (choice index -> output); each prompt counts once, its
+    cached tokens those of its first choice."""
     prompt = sum(len(p) for p in job.prompts)
-    completion = sum(len(o.token_ids) for o in outs)
-    return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+    completion = sum(len(o.token_ids) for o in outs.values())
+    info = P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                        total_tokens=prompt + completion)
+    if job.returns.cached_tokens:
+        first: dict[int, int] = {}
+        for i, out in sorted(outs.items()):
+            first.setdefault(job.prompt_of[i], out.metrics.prefix_cache_hit_tokens)
+        info.prompt_tokens_details = P.PromptTokensDetails(cached_tokens=sum(first.values()))
+    return info
 
 
 def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
@@ -285,7 +295,7 @@ def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
                                     finish_reason=reason, stop_reason=stop, matched_stop=matched,
                                     token_ids=list(out.token_ids) if ids else None))
     return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
-                                    usage=usage(job, outs),
+                                    usage=usage(job, dict(enumerate(outs))),
                                     prompt_token_ids=job.prompts[0] if ids else None)
 
 
@@ -304,7 +314,7 @@ def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, 
             token_ids=list(out.token_ids) if ids else None,
             prompt_token_ids=job.prompts[job.prompt_of[i]] if ids else None))
     return P.CompletionResponse(id=job.request_id, model=job.model, choices=choices,
-                                usage=usage(job, outs))
+                                usage=usage(job, dict(enumerate(outs))))
 
 
 def response_body(response: P.ChatCompletionResponse | P.CompletionResponse) -> dict:

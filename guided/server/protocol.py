@@ -189,10 +189,15 @@ class CompletionRequest(_SamplingFields):
 
 # ---- responses ----------------------------------------------------------------------------------
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
 class UsageInfo(_Response):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None  # serve --enable-cache-report
 
 
 class TopLogprob(_Response):

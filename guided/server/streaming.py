@@ -181,7 +181,7 @@ class _Sent:
         """Usage so far, where the request asked for it in every chunk."""
         if not self.job.returns.usage_every_chunk:
             return None
-        return usage(self.job, list(self.latest.values()))
+        return usage(self.job, self.latest)
 
 
 async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
@@ -235,7 +235,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
         elif content or finish:
             yield frame.chat_text(i, content, finish)
     if include_usage:
-        yield frame.chat([], usage=usage(job, list(sent.latest.values())))
+        yield frame.chat([], usage=usage(job, sent.latest))
     yield DONE
 
 
@@ -296,7 +296,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         else:
             yield frame.completion_text(i, new_text, finish)
     if include_usage:
-        yield frame.completion([], usage=usage(job, list(sent.latest.values())))
+        yield frame.completion([], usage=usage(job, sent.latest))
     yield DONE
 
 

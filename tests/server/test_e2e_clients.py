@@ -458,3 +458,25 @@ def test_continue_final_message_and_chat_echo(client):
     continued = answer(False)
     assert re.fullmatch(tail, continued), continued
     assert answer(True) == opening + continued == answer(True, stream=True)
+
+
+def test_cache_report_counts_prompt_tokens_from_the_prefix_cache(launch_server, client):
+    """serve --enable-cache-report (SGLang's flag; vLLM's --enable-prompt-tokens-details):
+    usage.prompt_tokens_details.cached_tokens, whole and streamed; off by default (clients
+    compare usage with CompletionUsage(...) whole)."""
+    url, _ = launch_server("--enable-cache-report", "--max-num-seqs", "4", name="cache-report")
+    reporting = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                              timeout=300)
+    question = "List: " + ", ".join(f"item {i}" for i in range(30)) + ". Which is first?"
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 6,
+          "temperature": 0, "extra_body": {"guided_regex": "item [0-9]{1,2}"}}
+    first = reporting.chat.completions.create(**kw)
+    again = reporting.chat.completions.create(**kw)
+    assert re.fullmatch("item [0-9]{1,2}", again.choices[0].message.content)
+    assert first.usage.prompt_tokens_details.cached_tokens < \
+        again.usage.prompt_tokens_details.cached_tokens <= again.usage.prompt_tokens
+    streamed = [c.usage for c in reporting.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kw) if c.usage]
+    assert streamed[-1].prompt_tokens_details.cached_tokens >= 16
+    plain = client.chat.completions.create(**kw)
+    assert plain.usage.prompt_tokens_details is None
