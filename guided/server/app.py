@@ -156,18 +156,7 @@ class Server:
         return job
 
     def _check_openai_fields(self, job: jobs.Job, req) -> None:
-        """The /v1 routes' checks beyond the fields' own (as OpenAI and vLLM make them), and
-        what the request asks to see beside the text."""
-        if getattr(req, "top_logprobs", None) and not req.logprobs:  # as OpenAI and vLLM
-            raise InvalidRequestError("top_logprobs needs logprobs true", param="top_logprobs")
-        if req.stream_options is not None and not req.stream:
-            raise InvalidRequestError("stream_options is only allowed when stream is true",
-                                      param="stream_options")
-        size = len(self.tokenizer)
-        bad = [t for t in req.stop_token_ids or () if not 0 <= t < size]
-        if bad:
-            raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
-                                      f"(vocabulary size {size})", param="stop_token_ids")
+        door.check_openai_fields(req, len(self.tokenizer))
         job.returns = jobs.Returns.of(req, self.cache_report)
 
     @staticmethod
@@ -179,17 +168,6 @@ class Server:
         if problem:
             raise ConstraintError(problem, param=job.constraint_param)
 
-    def _truncated(self, ids: list[int], req) -> list[int]:
-        """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: as many as the
-        context holds with room for one output token)."""
-        keep = getattr(req, "truncate_prompt_tokens", None)
-        if keep is None:
-            return ids
-        if keep == 0:
-            raise InvalidRequestError("truncate_prompt_tokens must be -1 or at least 1",
-                                      param="truncate_prompt_tokens")
-        return ids[-(self.max_model_len - 1 if keep == -1 else keep):]
-
     def _decode(self, ids: list[int]) -> str:
         try:
             return self.tokenizer.decode(ids)
@@ -198,7 +176,7 @@ class Server:
 
     def _add_choices(self, job: jobs.Job, req, k: int, logprobs: int | None,
                      tool_constraint: dict, prompt_param: str) -> None:
-        ids = job.prompts[k] = self._truncated(job.prompts[k], req)
+        ids = job.prompts[k] = door.truncated(job.prompts[k], req, self.max_model_len)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param=prompt_param)
         if len(ids) >= self.max_model_len:  # both vLLM's and SGLang's words, which clients match

@@ -207,6 +207,31 @@ class PromptWork:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
+def check_openai_fields(req, vocab_size: int) -> None:
+    """The /v1 routes' checks beyond the fields' own, as OpenAI and vLLM make them."""
+    if getattr(req, "top_logprobs", None) and not req.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs true", param="top_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise InvalidRequestError("stream_options is only allowed when stream is true",
+                                  param="stream_options")
+    bad = [t for t in req.stop_token_ids or () if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
+                                  f"(vocabulary size {vocab_size})", param="stop_token_ids")
+
+
+def truncated(ids: list[int], req, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: as many as the context
+    holds with room for one output token)."""
+    keep = getattr(req, "truncate_prompt_tokens", None)
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise InvalidRequestError("truncate_prompt_tokens must be -1 or at least 1",
+                                  param="truncate_prompt_tokens")
+    return ids[-(max_model_len - 1 if keep == -1 else keep):]
+
+
 def chat_chars(req) -> int:
     """Characters of a chat request's text: its messages and the tool definitions that the
     template may render into the prompt."""
