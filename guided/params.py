@@ -77,6 +77,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0  # EOS, stop tokens and stop strings ignored before this many tokens
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ends it kept
     n: int = 1
     # the constraint: at most one of these
     json_schema: dict | str | None = None

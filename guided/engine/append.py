@@ -80,7 +80,8 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
         if params.stop_list and len(output) >= params.min_tokens:  # vLLM's rule
             hit = find_stop(request.text, params.stop_list, checked)
             if hit is not None:
-                request.text = request.text[:hit[0]]
+                end = hit[0] + (len(hit[1]) if params.include_stop_str_in_output else 0)
+                request.text = request.text[:end]
                 finish = Finish("stop", hit[1])
     if on_stop_token:
         output.append(new[-1])

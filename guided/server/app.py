@@ -211,6 +211,7 @@ class Server:
                 seed=None if req.seed is None else req.seed + i,
                 stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
                 skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=getattr(req, "include_stop_str_in_output", False),
                 logprobs=logprobs,
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
@@ -270,7 +271,7 @@ class Server:
                 for i, p in enumerate(job.params)]
         for out in outs:
             jobs.raise_if_error(out)
-        return [jobs.with_stop_string(job, out) for out in outs]
+        return outs
 
 
 # ---- the app ------------------------------------------------------------------------------------

@@ -96,7 +96,6 @@ class Returns:
 
     token_ids: bool = False  # return_token_ids: prompt_token_ids and each choice's token_ids
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprobs say "token_id:<id>"
-    include_stop: bool = False  # include_stop_str_in_output
     usage_every_chunk: bool = False  # stream_options.continuous_usage_stats
     cached_tokens: bool = False  # usage.prompt_tokens_details (serve --enable-cache-report)
 
@@ -105,7 +104,6 @@ class Returns:
         options = getattr(req, "stream_options", None)
         return cls(bool(getattr(req, "return_token_ids", False)),
                    bool(getattr(req, "return_tokens_as_token_ids", False)),
-                   bool(getattr(req, "include_stop_str_in_output", False)),
                    bool(options and options.include_usage and options.continuous_usage_stats),
                    cached_tokens)
 
@@ -255,14 +253,6 @@ def stop_reasons(job: Job, i: int, out: RequestOutput) -> tuple[str | int | None
     if isinstance(reason, int) and reason not in (job.params[i].stop_token_ids or ()):
         return None, reason
     return reason, reason
-
-
-def with_stop_string(job: Job, out: RequestOutput) -> RequestOutput:
-    """include_stop_str_in_output: the stop string that ended the output kept at its end."""
-    if job.returns.include_stop and out.finished and out.finish_reason == "stop" and \
-            isinstance(out.stop_reason, str) and not out.text.endswith(out.stop_reason):
-        out.text += out.stop_reason
-    return out
 
 
 def usage(job: Job, outs: dict[int, RequestOutput]) -> P.UsageInfo:

@@ -30,7 +30,6 @@ from guided.server.jobs import (
     split_reasoning,
     usage,
     visible,
-    with_stop_string,
 )
 from guided.server.tool_output import ToolCallStreamer
 from guided.serving.request_stream import RequestStream
@@ -208,7 +207,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
             yield sse(error_payload(out))
             yield DONE
             return
-        sent.latest[i] = with_stop_string(job, out)
+        sent.latest[i] = out
         text, tool_deltas = visible(out), None
         if job.reasoning:  # the think section streams as reasoning_content, the rest as usual
             thought, text = split_reasoning(text, finished=out.finished)
@@ -279,7 +278,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
             yield sse(error_payload(out))
             yield DONE
             return
-        sent.latest[i] = with_stop_string(job, out)
+        sent.latest[i] = out
         text = visible(out)
         new_text = sent.new_text(i, text)
         new_entries, new_ids = sent.new_entries(i, out), sent.new_ids(i, out)
