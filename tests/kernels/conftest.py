@@ -19,7 +19,8 @@ INTERPRET = not torch.cuda.is_available()
 if INTERPRET:
     _saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in ("guided.kernels.bitmask", "guided.kernels.attention", "guided.kernels.rope_kv"):
+    for _name in ("guided.kernels.bitmask", "guided.kernels.attention", "guided.kernels.rope_kv",
+                  "guided.kernels.silu_mul"):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
         else:

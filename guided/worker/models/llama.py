@@ -12,12 +12,13 @@ from torch import nn
 
 from guided.kernels.attention import paged_attention, paged_attention_ref
 from guided.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
+from guided.kernels.silu_mul import silu_mul
 from guided.worker.model_config import ModelConfig
 from guided.worker.models import parallel as tp
 from guided.worker.models.weights import Piece, WeightReader, load_pieces
 
-# The elementwise pieces as pure functions: CUDA graphs run them through torch.compile (one
-# fused kernel each); eager steps and the CPU run them as written.
+# The norms as pure functions: CUDA graphs run them through torch.compile (one fused kernel
+# each); eager steps and the CPU run them as written. silu * mul is a Triton kernel of its own.
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -31,17 +32,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return rms_norm(summed, weight, eps), summed
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 EAGER = SimpleNamespace(rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)
 
 
 def compiled_ops() -> SimpleNamespace:
-    return SimpleNamespace(**{name: torch.compile(fn, dynamic=True, fullgraph=True)
-                              for name, fn in vars(EAGER).items()})
+    return SimpleNamespace(silu_mul=silu_mul, **{
+        name: torch.compile(fn, dynamic=True, fullgraph=True)
+        for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm))})
 
 
 # each (num_blocks, block_size, num_kv_heads, head_dim); sharded: this rank's KV heads only
