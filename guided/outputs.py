@@ -30,6 +30,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+    rank: int | None = None  # 1 + how many tokens are likelier (prompt tokens only)
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class RequestOutput:
     error_type: str | None = None
     logprobs: list[TokenLogprob] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # SamplingParams.prompt_logprobs: one per prompt token, None for the first (vLLM's)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)

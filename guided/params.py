@@ -70,6 +70,8 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per token (0: only the sampled one)
+    # vLLM's: per prompt token (the first has none) its logprob and rank, and this many top ones
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -124,6 +126,9 @@ class SamplingParams:
              "repetition_penalty")
         need(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must lie in [0, 20]",
              "logprobs")
+        need(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                              and 0 <= self.prompt_logprobs <= 20),
+             "prompt_logprobs must be an integer in [0, 20]", "prompt_logprobs")
         need(isinstance(self.n, int) and 1 <= self.n <= 16, "n must lie in [1, 16]", "n")
         # the sampler keys its noise on a uint64 and the engine's own seeds are 63 bits: a
         # seed outside [0, 2**63) used to raise inside a step and fail the whole batch

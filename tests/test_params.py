@@ -15,7 +15,8 @@ from guided.params import MAX_SEED, MAX_STOP_TOKEN_IDS, SamplingParams
     ("temperature", math.nan), ("temperature", -0.1), ("temperature", math.inf),
     ("top_p", 0.0), ("top_p", math.nan), ("top_k", -2), ("min_p", 1.5),
     ("presence_penalty", math.inf), ("frequency_penalty", -3.0),
-    ("repetition_penalty", 0.0), ("logprobs", 21), ("n", 17), ("max_tokens", -1),
+    ("repetition_penalty", 0.0), ("logprobs", 21), ("prompt_logprobs", 21),
+    ("prompt_logprobs", -1), ("prompt_logprobs", 1.5), ("n", 17), ("max_tokens", -1),
     ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS + 1))), ("stop_token_ids", ["2"]),
     ("stop", ["a"] * 17),
 ])

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 from guided.engine.detokenizer import Decode, detokenize_rest, detokenize_step, find_stop
 from guided.outputs import TokenLogprob
+from guided.scheduler.output import RowMap
 from guided.scheduler.request import Request
+from guided.scheduler.scheduler import StepPlan
+from guided.worker.step_io import PromptLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +89,18 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     if on_stop_token:
         output.append(new[-1])
     return n, finish
+
+
+def append_prompt_logprobs(plan: StepPlan, rows: RowMap, spans: list[PromptLogprobs]) -> None:
+    """A step's prompt logprobs, each span's onto its request from prompt position
+    rows.prompt_first on; positions a request holds already (a chunk recomputed after a
+    preemption) keep their entries."""
+    for owner, first, span in zip(rows.prompt_owner, rows.prompt_first, spans):
+        request = plan.scheduled[owner].request
+        held, prompt = request.prompt_logprobs, request.prompt_token_ids
+        if held is None or first > len(held):
+            continue
+        for j in range(len(held) - first, len(span.logprobs)):
+            held.append(TokenLogprob(prompt[first + j], span.logprobs[j],
+                                     list(zip(span.top_ids[j], span.top_logprobs[j])),
+                                     rank=span.ranks[j]))

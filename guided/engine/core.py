@@ -15,7 +15,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from guided.config import EngineConfig
-from guided.engine.append import append_tokens
+from guided.engine.append import append_prompt_logprobs, append_tokens
 from guided.engine.detokenizer import detokenize_final, fast_decode, held_back
 from guided.engine.drafts import AnchorPayoff, DraftProposer, note_anchor_missed, note_verified
 from guided.engine.heap import freeze_startup_heap, thaw_heap
@@ -130,6 +130,7 @@ class Engine:
             eos_token_ids=() if params.ignore_eos else self.eos_token_ids, max_tokens=max_tokens)
         request.metrics.arrival_time = arrival_time or time.time()
         request.logprobs = [] if params.logprobs is not None else None
+        request.prompt_logprobs = None if params.prompt_logprobs is None else [None]
         self.requests[request_id] = request
         self.stats_totals.prompt_tokens_total += len(prompt_ids)
         if max_tokens <= 0:
@@ -251,6 +252,7 @@ class Engine:
         for owner, token, lp in zip(rows.row_owner, result.token_ids, result.logprobs):
             sampled[owner].append(token)
             logprobs[owner].append(lp)
+        append_prompt_logprobs(plan, rows, result.prompt_logprobs)
         for item, tokens, lps in zip(plan.scheduled, sampled, logprobs):
             if item.voided:  # it assumed drafts its previous step rejected
                 self.step_times.count("voided_rows")
@@ -395,4 +397,4 @@ def output_of(request: Request) -> RequestOutput:
         finish_reason=request.finish_reason, stop_reason=request.stop_reason,
         error=request.error, error_type=request.error_type,
         logprobs=None if request.logprobs is None else list(request.logprobs),
-        metrics=request.metrics)
+        metrics=request.metrics, prompt_logprobs=request.prompt_logprobs)  # done: never grows

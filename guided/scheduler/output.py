@@ -17,6 +17,15 @@ if TYPE_CHECKING:  # the worker imports this module, never the scheduler's live 
 
 
 @dataclass(slots=True)
+class PromptLogprobSpan:
+    """A prefill chunk whose prompt logprobs are asked: the step's packed tokens token_start..
+    each predict the next prompt token, target_ids; num_top best tokens reported beside it."""
+    token_start: int
+    target_ids: list[int]
+    num_top: int
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     input_ids: list[int]  # (T,) the step's tokens, packed; a placeholder's is 0
     positions: list[int]  # (T,)
@@ -33,6 +42,7 @@ class SchedulerOutput:
     # samples in its row placeholder_row[i] (not yet known on the host)
     placeholder_index: list[int] = field(default_factory=list)
     placeholder_row: list[int] = field(default_factory=list)
+    prompt_spans: list[PromptLogprobSpan] = field(default_factory=list)  # none: no extra work
 
     @property
     def query_lens(self) -> list[int]:
@@ -45,6 +55,10 @@ class RowMap:
     """The engine's key to a step's rows: which scheduled request each sampled row is."""
     row_owner: list[int] = field(default_factory=list)  # (N,) index into plan.scheduled
     first_row: dict[str, int] = field(default_factory=dict)  # request id -> its first row
+    # per prompt span (SchedulerOutput.prompt_spans): its request (index into plan.scheduled)
+    # and the prompt position of its first target token
+    prompt_owner: list[int] = field(default_factory=list)
+    prompt_first: list[int] = field(default_factory=list)
 
 
 def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int] | None = None
@@ -65,6 +79,7 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
     sources: list[RowSource] = []
     place_index: list[int] = []
     place_row: list[int] = []
+    spans: list[PromptLogprobSpan] = []
     num_mask_rows = 0
     max_blocks = max(len(item.request.block_ids) for item in plan.scheduled)
     tables: list[list[int]] = []
@@ -101,6 +116,13 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
                 pos = block_end
         query_start.append(len(ids))
         seq_lens.append(start + n)
+        num_prompt = len(req.prompt_token_ids)
+        if req.needs_prompt_logprobs and start < num_prompt - 1:  # the last one's logits sample
+            end = min(start + n, num_prompt - 1)
+            spans.append(PromptLogprobSpan(len(ids) - n, req.prompt_token_ids[start + 1:end + 1],
+                                           req.params.prompt_logprobs))
+            rows.prompt_owner.append(b)
+            rows.prompt_first.append(start + 1)
         if not item.sample:
             continue
         count = 1 + num_drafts
@@ -126,5 +148,5 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
         seq_lens=seq_lens, block_tables=tables, logits_indices=logits_indices,
         sampling=rows_for(sources), mask_rows=mask_rows, num_mask_rows=num_mask_rows,
         has_drafts=any(item.num_draft_tokens for item in plan.scheduled),
-        placeholder_index=place_index, placeholder_row=place_row)
+        placeholder_index=place_index, placeholder_row=place_row, prompt_spans=spans)
     return out, rows

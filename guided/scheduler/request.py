@@ -56,6 +56,7 @@ class Request:
     error: str | None = None
     error_type: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # filled chunk by chunk
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     # incremental detokenization state
     text: str = ""
@@ -78,6 +79,12 @@ class Request:
         if index < len(self.output_token_ids):
             return self.output_token_ids[index]
         return self.draft_token_ids[index - len(self.output_token_ids)]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked and not all computed (a preempted request's stay computed)."""
+        held = self.prompt_logprobs
+        return held is not None and len(held) < len(self.prompt_token_ids)
 
     @property
     def in_flight(self) -> bool:

@@ -139,8 +139,10 @@ class Scheduler:
     def _admit(self, request: Request) -> bool:
         bs = self.blocks.block_size
         num_tokens = request.num_tokens
-        # the last token is always recomputed: its logits are needed
-        hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1)
+        # the last token is always recomputed: its logits are needed; prompt logprobs need
+        # every prompt position's hidden state, which a cached block does not keep (vLLM's rule)
+        hits = [] if request.needs_prompt_logprobs else self.blocks.find_cached_prefix(
+            request.all_token_ids, num_tokens - 1)
         horizon = policy.ADMISSION_LOOKAHEAD_TOKENS
         # cached-but-unreferenced hits leave the free queue when shared
         num_free_hits = sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)

@@ -3,8 +3,8 @@
 constraint-like field we cannot honour, naming it: never dropped silently, so a client never
 believes free text is constrained. Fields that only pick a backend or its fallback are ignored
 with a log note: they do not change the language the output follows. Also logit_bias and
-min_tokens as SamplingParams keywords, and a 400 for the sampling fields of vLLM and SGLang that
-guided does not do (prompt_logprobs, beam search, stop_regex)."""
+min_tokens, prompt_logprobs as SamplingParams keywords, and a 400 for the sampling fields of
+vLLM and SGLang that guided does not do (beam search, stop_regex)."""
 from __future__ import annotations
 
 import difflib
@@ -42,8 +42,6 @@ STRUCTURED_UNSUPPORTED = {"whitespace_pattern": UNSUPPORTED["guided_whitespace_p
 # vLLM's and SGLang's fields that change the output and that guided does not do: a 400 naming
 # them, not an answer that looks as if they were honoured (field -> (refused?, why))
 UNSUPPORTED_SAMPLING = {
-    "prompt_logprobs": (lambda v, n: v is not None,
-                        "logprobs of prompt tokens are not computed (logprobs of the output are)"),
     "use_beam_search": (lambda v, n: bool(v), "beam search is not supported"),
     "best_of": (lambda v, n: v is not None and v != n,
                 "best_of other than n is not supported (no beam search or reranking)"),
@@ -62,7 +60,7 @@ ConstraintExtensions = create_model(
     "ConstraintExtensions", __config__=ConfigDict(extra="ignore", populate_by_name=True),
     **{name: (Any, None) for name in (*TOP_LEVEL, "structured_outputs", *IGNORED, *UNSUPPORTED,
                                       *UNSUPPORTED_SAMPLING, "logit_bias", "min_tokens",
-                                      "min_new_tokens")})
+                                      "min_new_tokens", "prompt_logprobs")})
 
 
 def check_unknown_fields(names: list[str]) -> None:
@@ -175,8 +173,8 @@ def constraint_kwargs(req, tool_constraint: dict | None = None) -> tuple[str | N
 
 
 def sampling_extras(req: Any) -> dict:
-    """logit_bias and min_tokens (SGLang's min_new_tokens) where the request sets them, or a
-    400 naming the field; SamplingParams checks their ranges."""
+    """logit_bias, min_tokens (SGLang's min_new_tokens) and prompt_logprobs where the request
+    sets them, or a 400 naming the field; SamplingParams checks their ranges."""
     for name, (refused, why) in UNSUPPORTED_SAMPLING.items():
         if refused(getattr(req, name, None), getattr(req, "n", 1)):
             raise InvalidRequestError(f"{name}: {why}", param=name)
@@ -194,6 +192,11 @@ def sampling_extras(req: Any) -> dict:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidRequestError(f"{name} must be a non-negative integer", param=name)
         extras["min_tokens"] = value
+    num = getattr(req, "prompt_logprobs", None)
+    if num is None and getattr(req, "echo", False):  # vLLM's: the echoed prompt's logprobs
+        num = getattr(req, "top_logprobs", getattr(req, "logprobs", None))  # chat's, or legacy
+    if num is not None:
+        extras["prompt_logprobs"] = num
     return extras
 
 

@@ -211,6 +211,9 @@ def check_openai_fields(req, vocab_size: int) -> None:
     """The /v1 routes' checks beyond the fields' own, as OpenAI and vLLM make them."""
     if getattr(req, "top_logprobs", None) and not req.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs true", param="top_logprobs")
+    if req.stream and req.prompt_logprobs is not None:  # vLLM's rule (echo's are streamed)
+        raise InvalidRequestError("prompt_logprobs are not available when stream is true",
+                                  param="prompt_logprobs")
     if req.stream_options is not None and not req.stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true",
                                   param="stream_options")

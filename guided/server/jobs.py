@@ -16,6 +16,7 @@ from guided.server import protocol as P
 from guided.server.tool_output import parse_output, partial_marker_len
 from guided.server.tools import ToolPlan
 
+MIN_LOGPROB = -9999.0  # what -inf is sent as (JSON has no infinity; OpenAI's and vLLM's value)
 PARSERS = ("think", "deepseek_r1", "qwen3")  # vLLM's names for the <think> ... </think> format
 THINK_START, THINK_END = "<think>", "</think>"
 
@@ -227,20 +228,45 @@ def chat_logprobs(entries, texts: TokenTexts, num_top: int, as_ids: bool = False
 
 
 def completion_logprobs(entries, texts: TokenTexts, num_top: int, offset: int,
-                        as_ids: bool = False) -> P.CompletionLogprobs:
+                        as_ids: bool = False, first_id: int | None = None
+                        ) -> P.CompletionLogprobs:
     """The legacy format: each position's top_logprobs also holds the sampled token (as
-    OpenAI's and vLLM's do: logprobs=0 gives it alone)."""
+    OpenAI's and vLLM's do: logprobs=0 gives it alone). An echoed prompt's entries come first,
+    the first of them None (token first_id, which has no logprob), as vLLM's."""
     name = _namer(texts, as_ids)
     out = P.CompletionLogprobs()
     for e in entries:
-        token = name(e.token_id)
+        token_id = first_id if e is None else e.token_id
+        token = name(token_id)
         out.tokens.append(token)
-        out.token_logprobs.append(e.logprob)
-        top = {name(t): lp for t, lp in e.top[:num_top]}
-        top.setdefault(token, e.logprob)
+        out.token_logprobs.append(None if e is None else max(e.logprob, MIN_LOGPROB))
+        top = None
+        if e is not None:
+            top = {name(t): max(lp, MIN_LOGPROB) for t, lp in e.top[:num_top]}
+            top.setdefault(token, out.token_logprobs[-1])
         out.top_logprobs.append(top)
         out.text_offset.append(offset)
-        offset += len(texts.text(e.token_id))
+        offset += len(texts.text(token_id))
+    return out
+
+
+def prompt_logprobs(entries, texts: TokenTexts) -> list[dict[str, P.PromptLogprob] | None] | None:
+    """RequestOutput.prompt_logprobs as vLLM's responses carry them: per prompt token None (the
+    first) or {token id: logprob, rank, decoded_token}, the prompt token's first, then the top."""
+    if entries is None:
+        return None
+    out: list[dict[str, P.PromptLogprob] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        ranked = [(e.token_id, e.logprob, e.rank)] + [(t, lp, r) for r, (t, lp)
+                                                        in enumerate(e.top, 1)]
+        position: dict[str, P.PromptLogprob] = {}
+        for t, lp, rank in ranked:
+            position.setdefault(str(t), P.PromptLogprob(logprob=max(lp, MIN_LOGPROB), rank=rank,
+                                                        decoded_token=texts.text(t)))
+        out.append(position)
     return out
 
 
@@ -286,7 +312,9 @@ def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
                                     token_ids=list(out.token_ids) if ids else None))
     return P.ChatCompletionResponse(id=job.request_id, model=job.model, choices=choices,
                                     usage=usage(job, dict(enumerate(outs))),
-                                    prompt_token_ids=job.prompts[0] if ids else None)
+                                    prompt_token_ids=job.prompts[0] if ids else None,
+                                    prompt_logprobs=prompt_logprobs(outs[0].prompt_logprobs,
+                                                                    texts) if outs else None)
 
 
 def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, *, echo: bool
@@ -295,14 +323,20 @@ def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, 
     as_ids, ids = job.returns.tokens_as_ids, job.returns.token_ids
     for i, out in enumerate(outs):
         prefix = job.echo[job.prompt_of[i]] if echo else ""
-        logprobs = completion_logprobs(out.logprobs or [], texts, job.num_top, len(prefix),
-                                       as_ids) if job.params[i].logprobs is not None else None
+        logprobs = None
+        if job.params[i].logprobs is not None:
+            entries, offset, first = out.logprobs or [], len(prefix), None
+            if echo and out.prompt_logprobs:  # the prompt's entries first, offsets from 0
+                entries, offset = out.prompt_logprobs + entries, 0
+                first = job.prompts[job.prompt_of[i]][0]
+            logprobs = completion_logprobs(entries, texts, job.num_top, offset, as_ids, first)
         stop, matched = stop_reasons(job, i, out)
         choices.append(P.CompletionChoice(
             index=i, text=prefix + out.text, logprobs=logprobs, finish_reason=out.finish_reason,
             stop_reason=stop, matched_stop=matched,
             token_ids=list(out.token_ids) if ids else None,
-            prompt_token_ids=job.prompts[job.prompt_of[i]] if ids else None))
+            prompt_token_ids=job.prompts[job.prompt_of[i]] if ids else None,
+            prompt_logprobs=prompt_logprobs(out.prompt_logprobs, texts)))
     return P.CompletionResponse(id=job.request_id, model=job.model, choices=choices,
                                 usage=usage(job, dict(enumerate(outs))))
 

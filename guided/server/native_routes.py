@@ -150,6 +150,7 @@ class Returns:
     text_in_logprobs: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
+    input_start: int | None = None  # logprob_start_len: input token logprobs from there on
 
 
 def _nth(value, k: int):
@@ -157,12 +158,13 @@ def _nth(value, k: int):
 
 
 def returns_for(req: GenerateRequest, k: int, sp: GenerateSamplingParams) -> Returns:
-    """400 for logprobs of input tokens or of chosen ids: the engine computes neither."""
+    """400 for logprobs of chosen ids: the engine does not compute them."""
     logprob = bool(_nth(req.return_logprob, k))
     num_top = _nth(req.top_logprobs_num, k) or 0
-    if logprob and _nth(req.logprob_start_len, k) != -1:
-        raise InvalidRequestError("input token logprobs are not computed: send logprob_start_len "
-                                  "-1 (output tokens only)", param="logprob_start_len")
+    start = _nth(req.logprob_start_len, k)
+    if logprob and (not isinstance(start, int) or start < -1):
+        raise InvalidRequestError("logprob_start_len must be -1 (output tokens only) or a prompt "
+                                  "position", param="logprob_start_len")
     if logprob and req.token_ids_logprob is not None:
         raise InvalidRequestError("token_ids_logprob is not supported; use top_logprobs_num",
                                   param="token_ids_logprob")
@@ -170,13 +172,16 @@ def returns_for(req: GenerateRequest, k: int, sp: GenerateSamplingParams) -> Ret
         raise InvalidRequestError("top_logprobs_num must lie in [0, 20]",
                                   param="top_logprobs_num")
     return Returns(logprob, num_top if logprob else 0, req.return_text_in_logprobs,
-                   sp.no_stop_trim, sp.skip_special_tokens)
+                   sp.no_stop_trim, sp.skip_special_tokens,
+                   start if logprob and start != -1 else None)
 
 
 def build_job(server: Server, req: GenerateRequest, k: int, prompt: str | list[int]
               ) -> tuple[Job, Returns]:
     sp = sampling_for(req, k)
     returns = returns_for(req, k, sp)
+    if returns.input_start is not None:
+        sp = sp.model_copy(update={"prompt_logprobs": returns.num_top})
     ids = server.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     job = Job(new_id("generate"), server.model_name, [ids], [], [], None, returns.num_top)
     logprobs = returns.num_top if returns.logprob else None
@@ -202,15 +207,19 @@ def meta_info(job: Job, out: RequestOutput, returns: Returns, server: Server) ->
     else:
         info["finish_reason"] = {"type": out.finish_reason, "matched": out.stop_reason}
     if returns.logprob:
-        def entry(token_id: int, logprob: float) -> list:
+        def entry(token_id: int, logprob: float | None) -> list:
             return [logprob, token_id,
                     server.texts.text(token_id) if returns.text_in_logprobs else None]
 
-        entries = out.logprobs or []
-        info["input_token_logprobs"] = []  # logprob_start_len -1: output tokens only
+        entries, start = out.logprobs or [], returns.input_start
+        # logprob_start_len -1: output tokens only; else the prompt's from there (None first)
+        inputs = list(zip(job.prompts[0], out.prompt_logprobs or []))[start:] \
+            if start is not None else []
+        info["input_token_logprobs"] = [entry(t, e and e.logprob) for t, e in inputs]
         info["output_token_logprobs"] = [entry(e.token_id, e.logprob) for e in entries]
         if returns.num_top:
-            info["input_top_logprobs"] = []
+            info["input_top_logprobs"] = [e and [entry(t, lp) for t, lp in e.top[:returns.num_top]]
+                                          for _, e in inputs]
             info["output_top_logprobs"] = [[entry(t, lp) for t, lp in e.top[:returns.num_top]]
                                            for e in entries]
     return info

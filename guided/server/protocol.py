@@ -206,6 +206,13 @@ class TopLogprob(_Response):
     bytes: list[int] | None = None
 
 
+class PromptLogprob(_Response):
+    """vLLM's Logprob: one entry of a prompt position's {token id: entry}."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class ChatTokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = []
 
@@ -257,6 +264,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_token_ids: list[int] | None = None  # return_token_ids
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's (jobs.py)
 
 
 class FunctionCallDelta(_Response):
@@ -300,8 +308,8 @@ class ChatCompletionChunk(_Response):
 
 class CompletionLogprobs(_Response):
     tokens: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []  # echo: None for the first prompt token
+    top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
 
 
@@ -314,6 +322,7 @@ class CompletionChoice(_Response):
     matched_stop: str | int | None = None
     token_ids: list[int] | None = None  # return_token_ids (in a stream: this chunk's)
     prompt_token_ids: list[int] | None = None  # return_token_ids (in a stream: the first chunk)
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's (jobs.py)
 
 
 class CompletionResponse(_Response):

@@ -266,18 +266,31 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
         first.discard(i)
         return job.prompts[job.prompt_of[i]]
 
-    if echo:
-        for i in range(n):
-            text = job.echo[job.prompt_of[i]]
-            yield frame.completion([P.CompletionChoice(
-                index=i, text=text, prompt_token_ids=prompt_ids(i))]) if slow \
-                else frame.completion_text(i, text)
+    # echo with logprobs: the prompt's text goes with its logprobs, in the choice's first output
+    waiting = {i for i in range(n) if echo and job.params[i].prompt_logprobs is not None}
+
+    def echoed(i: int, out: RequestOutput | None) -> str:
+        text, logprobs = job.echo[job.prompt_of[i]], None
+        if out is not None:
+            first = job.prompts[job.prompt_of[i]][0]
+            logprobs = completion_logprobs(out.prompt_logprobs or [], server.texts, job.num_top,
+                                           0, returns.tokens_as_ids, first)
+        return frame.completion([P.CompletionChoice(
+            index=i, text=text, logprobs=logprobs, prompt_token_ids=prompt_ids(i))]) if slow \
+            else frame.completion_text(i, text)
+
+    for i in range(n):
+        if echo and i not in waiting:
+            yield echoed(i, None)
     async for i, out in merged(job, streams):
         if out.finish_reason == "error":
             yield frame.completion_text(i, "", "error")
             yield sse(error_payload(out))
             yield DONE
             return
+        if i in waiting:
+            waiting.discard(i)
+            yield echoed(i, out)
         sent.latest[i] = out
         text = visible(out)
         new_text = sent.new_text(i, text)

@@ -135,6 +135,7 @@ class OutputDelta:
     error: str | None
     error_type: str | None
     metrics: RequestMetrics
+    prompt_logprobs: list | None = None  # with the first delta only (complete by then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,19 +193,21 @@ def encode(out: RequestOutput, sent: Sent) -> OutputDelta:
                        tokens[token_start:], text_start, text[text_start:], lp_start,
                        None if logprobs is None else logprobs[lp_start:], out.finished,
                        out.finish_reason, out.stop_reason, out.error, out.error_type,
-                       out.metrics)
+                       out.metrics, out.prompt_logprobs if first else None)
 
 
 def decode(d: OutputDelta, last: RequestOutput | None) -> RequestOutput:
     """The cumulative output a delta brings the request's last one (None: its first) to. Each
     output owns its lists: a stream may hold it while later deltas arrive."""
     if last is None:
-        last = RequestOutput(d.request_id, d.prompt_token_ids or [], [], "")
+        last = RequestOutput(d.request_id, d.prompt_token_ids or [], [], "",
+                             prompt_logprobs=d.prompt_logprobs)
     return RequestOutput(
         d.request_id, last.prompt_token_ids, last.token_ids[:d.token_start] + d.new_token_ids,
         last.text[:d.text_start] + d.new_text, d.finished, d.finish_reason, d.stop_reason,
         d.error, d.error_type, None if d.new_logprobs is None
-        else (last.logprobs or [])[:d.logprob_start] + d.new_logprobs, d.metrics)
+        else (last.logprobs or [])[:d.logprob_start] + d.new_logprobs, d.metrics,
+        last.prompt_logprobs)
 
 
 def final_output(request_id: str, last: RequestOutput | None, reason: str,

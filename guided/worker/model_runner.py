@@ -16,6 +16,7 @@ from guided.worker.model_config import ModelConfig
 from guided.worker.models.llama import AttentionMetadata, build_model
 from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 from guided.worker.models.weights import WeightReader
+from guided.worker.prompt_logprobs import DevicePromptLogprobs, prompt_logprobs
 from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, sample_on_device,
                                    warm_sampling_kernels)
 from guided.worker.step_io import StepMasks
@@ -97,7 +98,9 @@ class ModelRunner:
         if self.use_triton:
             warm_sampling_kernels(model_config.vocab_size, vocab_size=vocab_size,
                                   dtype=self.dtype, device=self.device)
-        self._launched: tuple[SamplingRows, torch.Tensor | None] | None = None  # rows, logits
+        # rows, logits, prompt logprobs
+        self._launched: tuple[SamplingRows, torch.Tensor | None,
+                              DevicePromptLogprobs | None] | None = None
         self._last_sampled: DeviceSample | None = None  # its ids feed the next placeholders
 
     def kv_bytes_per_block(self) -> int:
@@ -171,7 +174,9 @@ class ModelRunner:
             logits = None
             if out.logits_indices:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V)
-        self._launched = (out.sampling, logits)
+            prompt = prompt_logprobs(self.model, hidden, out.prompt_spans) \
+                if out.prompt_spans else None
+        self._launched = (out.sampling, logits, prompt)
 
     def _forward(self, inputs: StepInputs, *, has_drafts: bool) -> torch.Tensor:
         meta, num_tokens = inputs.meta, inputs.input_ids.shape[0]
@@ -195,9 +200,10 @@ class ModelRunner:
     def sample(self, masks: StepMasks | None) -> DeviceSample:
         if self._launched is None:
             raise RuntimeError("nothing launched to sample")
-        (rows, logits), self._launched = self._launched, None
+        (rows, logits, prompt), self._launched = self._launched, None
         if logits is None:
             self._last_sampled = DeviceSample(torch.empty(0, dtype=torch.int64), [], None, [])
+            self._last_sampled.prompt_logprobs = prompt
             return self._last_sampled
         bitmask = mask_rows = None
         if masks is not None and masks.bitmask.shape[0]:
@@ -207,6 +213,7 @@ class ModelRunner:
         with self.times.phase("sample_launch"):
             self._last_sampled = sample_on_device(logits, rows, bitmask, mask_rows,
                                                   vocab_size=self.vocab_size)
+        self._last_sampled.prompt_logprobs = prompt
         return self._last_sampled
 
     def forget(self) -> None:

@@ -89,6 +89,7 @@ class DeviceSample:
         self._logprob_rows = logprob_rows
         self._logprob_values = logprob_values  # (len(rows), V) fp32 log-softmax, on the device
         self._num_logprobs = num_logprobs
+        self.prompt_logprobs = None  # the step's DevicePromptLogprobs, if it computed any
         self._host, self._ready = token_ids, None
         if token_ids.is_cuda:
             self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
@@ -110,7 +111,8 @@ class DeviceSample:
                     vals, idx = torch.topk(lps[j], k)
                     top = list(zip(idx.tolist(), vals.tolist()))
                 logprobs[i] = (float(lps[j][token_ids[i]]), top)
-        return RunnerOutput(token_ids, logprobs)
+        prompt = self.prompt_logprobs
+        return RunnerOutput(token_ids, logprobs, [] if prompt is None else prompt.result())
 
 
 def warm_sampling_kernels(num_cols: int, *, vocab_size: int, dtype: torch.dtype,

@@ -47,3 +47,25 @@ def test_tokens_and_slots_of_chunks_that_start_and_end_mid_block():
     assert out.positions == [*range(3, 16), *range(5, 9), 5, *range(3, 6)]
     assert out.query_start_loc == [0, 13, 17, 18, 21]
     assert out.seq_lens == [16, 9, 6, 6]
+
+
+def test_prompt_spans_cover_the_prompt_positions_of_the_rows_that_ask():
+    # a first chunk, a last chunk (its last prompt position samples: no span for it), a chunk
+    # recomputed after a preemption once all are held (none), and a request that does not ask
+    first = _request("first", 10, [], [1, 2, 3], computed=0)
+    last = _request("last", 10, [], [4, 5, 6], computed=6)
+    held = _request("held", 3, [50], [7], computed=0)
+    plain = _request("plain", 8, [], [8, 9], computed=0)
+    for r, entries in ((first, [None]), (last, [None] * 6), (held, [None] * 3)):
+        r.params = SamplingParams(prompt_logprobs=2)
+        r.prompt_logprobs = entries
+    plan = StepPlan(scheduled=[
+        ScheduledRequest(first, num_new_tokens=6, num_draft_tokens=0, sample=False),
+        ScheduledRequest(last, num_new_tokens=4, num_draft_tokens=0, sample=True),
+        ScheduledRequest(held, num_new_tokens=4, num_draft_tokens=0, sample=True),
+        ScheduledRequest(plain, num_new_tokens=8, num_draft_tokens=0, sample=True)])
+    out, rows = build_output(plan, block_size=BS)
+    assert [(s.token_start, s.target_ids, s.num_top) for s in out.prompt_spans] == [
+        (0, [1001, 1002, 1003, 1004, 1005, 1006], 2), (6, [1007, 1008, 1009], 2)]
+    assert rows.prompt_owner == [0, 1] and rows.prompt_first == [1, 7]
+    assert not build_output(StepPlan(scheduled=plan.scheduled[2:]), block_size=BS)[0].prompt_spans

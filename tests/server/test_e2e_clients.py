@@ -390,7 +390,6 @@ def test_stop_reason_matched_stop_and_include_stop_str(server_url, client):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"use_beam_search": True, "n": 2}, "use_beam_search"),
     ({"best_of": 3}, "best_of"),
     ({"stop_regex": "and|or"}, "stop_regex"),

@@ -70,7 +70,7 @@ def test_generate_batches_input_ids_and_streams(http):
     ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"text": "x", "sampling_params": {"regex": "(a"}}, "sampling_params.regex"),
     ({"text": "x", "input_ids": [1]}, "text"),
-    ({"text": "x", "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ({"text": "x", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
     ({"text": "x", "return_logprob": True, "token_ids_logprob": [1]}, "token_ids_logprob"),
     ({"text": "x", "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
 ])

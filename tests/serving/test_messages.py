@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from guided.outputs import RequestMetrics, RequestOutput
+from guided.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from guided.serving.messages import Sent, decode, encode
 
 
@@ -23,7 +23,11 @@ def _steps():
             tokens, logprobs = list(ids), [float(i) for i in ids]
         yield RequestOutput("r", [7, 8], list(tokens), text, finished,
                             "stop" if finished else None, logprobs=list(logprobs),
-                            metrics=RequestMetrics(forward_passes=len(ids)))
+                            metrics=RequestMetrics(forward_passes=len(ids)),
+                            prompt_logprobs=PROMPT_LOGPROBS)
+
+
+PROMPT_LOGPROBS = [None, TokenLogprob(8, -1.5, [(3, -0.5)], rank=2)]
 
 
 def test_deltas_rebuild_every_output_and_leave_earlier_ones_alone():
@@ -45,6 +49,7 @@ def test_a_delta_carries_only_what_is_new():
     sent = Sent()
     first, second, retokenized = (encode(out, sent) for out in steps[:3])
     assert first.prompt_token_ids == [7, 8] and second.prompt_token_ids is None  # once
+    assert first.prompt_logprobs == PROMPT_LOGPROBS and second.prompt_logprobs is None
     assert (second.token_start, second.new_token_ids) == (2, [3, 4])  # tokens from where the receiver's end
     assert (second.text_start, second.new_text) == (2, "cd")  # text likewise
     assert (retokenized.token_start, retokenized.new_token_ids) == (0, [1, 2, 9])  # a new list: all of it
