@@ -190,5 +190,11 @@ class SamplingParams:
         return self.output_kind == "cumulative" or bool(self.stop_list)
 
     @property
+    def runs_model(self) -> bool:
+        """Whether the model runs for it: it generates, or its prompt's logprobs are asked for
+        (max_tokens 0 then scores the prompt alone, as OpenAI's echo did)."""
+        return self.max_tokens != 0 or self.prompt_logprobs is not None
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5

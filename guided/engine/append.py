@@ -44,6 +44,8 @@ def append_tokens(request: Request, tokens: list[int], logprobs: list | None, *,
     stop_ids = params.stop_token_ids or ()
     room = min(request.max_tokens - len(request.output_token_ids),
                max_model_len - request.num_tokens)
+    if room <= 0:  # max_tokens 0: its prompt ran for its logprobs alone
+        return 0, Finish("length")
     n = 0
     finish = None
     on_stop_token = False

@@ -133,7 +133,7 @@ class Engine:
         request.prompt_logprobs = None if params.prompt_logprobs is None else [None]
         self.requests[request_id] = request
         self.stats_totals.prompt_tokens_total += len(prompt_ids)
-        if max_tokens <= 0:
+        if max_tokens <= 0 and params.prompt_logprobs is None:  # else its prompt is scored
             return self._finish(request, "length")
         if spec is not None:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR

@@ -239,7 +239,7 @@ class Server:
         # All choices at once: the engine loop takes them in one pass over its commands.
         adds = [asyncio.ensure_future(self.engine.add_request(
             f"{job.request_id}-{i}", job.prompts[job.prompt_of[i]], params, compiled=True))
-            for i, params in enumerate(job.params) if params.max_tokens != 0]
+            for i, params in enumerate(job.params) if params.runs_model]
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)
         except BaseException:  # cancelled: the client left; add_request aborts its own
@@ -267,7 +267,7 @@ class Server:
             results = iter(await asyncio.gather(*(last(s) for s in streams)))
         finally:
             streaming.abort_all(streams)
-        outs = [jobs.empty_output(job, i) if p.max_tokens == 0 else next(results)
+        outs = [next(results) if p.runs_model else jobs.empty_output(job, i)
                 for i, p in enumerate(job.params)]
         for out in outs:
             jobs.raise_if_error(out)

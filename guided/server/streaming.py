@@ -128,9 +128,9 @@ async def merged(job: Job, streams: list[RequestStream]
 async def _merged_choices(job: Job, streams: list[RequestStream]
                           ) -> AsyncIterator[tuple[int, RequestOutput]]:
     queue: asyncio.Queue = asyncio.Queue()
-    live = [i for i, p in enumerate(job.params) if p.max_tokens != 0]
+    live = [i for i, p in enumerate(job.params) if p.runs_model]
     for i, p in enumerate(job.params):
-        if p.max_tokens == 0:
+        if not p.runs_model:
             queue.put_nowait((i, empty_output(job, i)))
 
     async def pump(i: int, stream: RequestStream) -> None:

@@ -1,15 +1,19 @@
 """append_tokens (guided/engine/append.py) against the default model's tokenizer: a row's tokens
-appended at once, decoded once, and cut where the request finishes, as token by token."""
+appended at once, decoded once, and cut where the request finishes, as token by token; and
+append_prompt_logprobs: a step's prompt spans onto their requests, in order, once each."""
 from __future__ import annotations
 
 import pytest
 
-from guided.engine.append import Finish, append_tokens
+from guided.engine.append import Finish, append_prompt_logprobs, append_tokens
 from guided.engine.detokenizer import fast_decode
 from guided.fsm.vocab import TokenVocab
 from guided.params import SamplingParams
+from guided.scheduler.output import RowMap
 from guided.scheduler.request import Request
+from guided.scheduler.scheduler import ScheduledRequest, StepPlan
 from guided.worker.loader import load_tokenizer
+from guided.worker.step_io import PromptLogprobs
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +130,27 @@ def test_final_outputs_reach_their_length_and_still_search_stop_strings(tok):
     assert request.params.text_per_step
     _, finish, _ = _append(tok, request, ids)
     assert finish == Finish("stop", "three") and request.text == "one two "
+
+
+def _span(values: list[float]) -> PromptLogprobs:
+    return PromptLogprobs(values, [2] * len(values), [[9]] * len(values), [[-0.1]] * len(values))
+
+
+def test_prompt_logprobs_append_in_order_and_a_recomputed_chunk_keeps_what_is_held():
+    request = Request(request_id="r", prompt_token_ids=[10, 11, 12, 13, 14, 15],
+                      params=SamplingParams(prompt_logprobs=1), seed=0, eos_token_ids=(),
+                      max_tokens=8)
+    request.prompt_logprobs = [None]
+    plan = StepPlan(scheduled=[ScheduledRequest(request, 3, 0, sample=False)])
+    append_prompt_logprobs(plan, RowMap(prompt_owner=[0], prompt_first=[1]),
+                           [_span([-1.0, -2.0, -3.0])])  # positions 1..3
+    # preempted, recomputed from the start: positions 1..5, of which 4 and 5 are new
+    append_prompt_logprobs(plan, RowMap(prompt_owner=[0], prompt_first=[1]),
+                           [_span([-7.0, -7.0, -7.0, -4.0, -5.0])])
+    entries = request.prompt_logprobs
+    assert entries[0] is None
+    assert [(e.token_id, e.logprob, e.rank, e.top) for e in entries[1:]] == [
+        (t, lp, 2, [(9, -0.1)]) for t, lp in zip([11, 12, 13, 14, 15], [-1, -2, -3, -4, -5])]
+    request.prompt_logprobs = [None]  # a span past a gap is not appended out of place
+    append_prompt_logprobs(plan, RowMap(prompt_owner=[0], prompt_first=[3]), [_span([-1.0])])
+    assert request.prompt_logprobs == [None]

@@ -49,6 +49,20 @@ def test_lm_eval_loglikelihood_request(client, server_url):
     assert paris[1:shared] == pytest.approx(london[1:shared], abs=1e-4)
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, server_url):
+    """vLLM's echo without generation (OpenAI's legacy scoring request): the prompt, its
+    logprobs, nothing generated."""
+    r = client.completions.create(model=MODEL, prompt=CONTEXT, echo=True, logprobs=0,
+                                  max_tokens=0)
+    choice, ids = r.choices[0], _prompt_ids(server_url, CONTEXT)
+    assert choice.text == CONTEXT and choice.finish_reason == "length"
+    assert len(choice.logprobs.token_logprobs) == len(ids) and r.usage.completion_tokens == 0
+    assert choice.logprobs.token_logprobs[0] is None
+    assert all(v <= 0 for v in choice.logprobs.token_logprobs[1:])
+    plain = client.completions.create(model=MODEL, prompt=CONTEXT, echo=True, max_tokens=0)
+    assert plain.choices[0].text == CONTEXT and plain.choices[0].logprobs is None
+
+
 def test_vllm_prompt_logprobs_field_on_completions_and_chat(client, server_url):
     r = client.completions.create(model=MODEL, prompt=CONTEXT, max_tokens=2, temperature=0,
                                   extra_body={"prompt_logprobs": 2})

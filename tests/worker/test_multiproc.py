@@ -83,6 +83,19 @@ def test_two_ranks_give_the_greedy_outputs_of_one(pair):
     assert two.engine.stats().kv_blocks_in_use == 0
 
 
+def test_two_ranks_give_the_prompt_logprobs_of_one(pair):
+    """Each rank computes its vocab slice of the prompt positions' logits, gathered whole."""
+    one, two = pair
+    prompt = one.apply_chat_template([{"role": "user", "content": "Name a large city."}])
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
+    want, got = one.generate(prompt, params)[0], two.generate(prompt, params)[0]
+    assert got.prompt_logprobs[0] is None and len(got.prompt_logprobs) == len(prompt)
+    for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+        assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert [t for t, _ in a.top[:1]] == [t for t, _ in b.top[:1]]
+    assert got.token_ids == want.token_ids
+
+
 def _rank_pids(llm: LLM) -> list[int]:
     return [h.process.pid for h in llm.engine.executor.ranks]
 

@@ -1,12 +1,14 @@
 """worker/prompt_logprobs.py, through the engine on the real default model (fp32, CPU): each
 prompt token's logprob, rank and top-k equal a torch log_softmax over transformers' logits for
-the whole prompt, in one prefill chunk or several, with its prefix in the cache or not."""
+the whole prompt, in one prefill chunk or several, with its prefix in the cache or not, and
+through preemption."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from guided import LLM, SamplingParams
+from guided.scheduler import policy
 from guided.scheduler.output import PromptLogprobSpan
 from guided.worker.loader import resolve_model_dir
 from guided.worker.model_config import synthetic_config
@@ -88,6 +90,15 @@ def test_only_the_rows_that_ask_get_them_in_a_mixed_batch(llm, reference):
     assert llm.generate([one_token], asks)[0].prompt_logprobs == [None]
 
 
+def test_max_tokens_0_scores_the_prompt_alone(llm, reference):
+    ids, ref = reference[SHORT]
+    out = llm.generate(SHORT, SamplingParams(max_tokens=0, prompt_logprobs=2))[0]
+    assert out.token_ids == [] and out.text == "" and out.finish_reason == "length"
+    assert_matches(out.prompt_logprobs, ids, ref, 2)
+    assert llm.generate(SHORT, SamplingParams(max_tokens=0))[0].metrics.forward_passes == 0
+    assert llm.engine.stats().kv_blocks_in_use == 0
+
+
 def test_spans_of_several_rows_split_back_in_order():
     cfg = synthetic_config("tiny")
     model = build_model(cfg, RandomWeights(0), device=torch.device("cpu"), dtype=torch.float32)
@@ -103,3 +114,17 @@ def test_spans_of_several_rows_split_back_in_order():
         assert out.top_ids == rows.topk(span.num_top).indices.tolist()
         torch.testing.assert_close(torch.tensor(out.top_logprobs).reshape(len(rows), -1),
                                    rows.topk(span.num_top).values)
+
+
+def test_preempted_requests_keep_complete_prompt_logprobs(reference, monkeypatch):
+    monkeypatch.setattr(policy, "ADMISSION_LOOKAHEAD_TOKENS", 0)  # admit greedily: preempt
+    ids, ref = reference[LONG]
+    # two prompts' blocks and a spare: both grow past them while they decode
+    llm = LLM(num_kv_blocks=2 * -(-len(ids) // 16) + 2, enable_prefix_caching=False,
+              max_num_batched_tokens=16, dtype="float32")
+    asks = SamplingParams(max_tokens=40, temperature=0, prompt_logprobs=1, ignore_eos=True)
+    outs = llm.generate([LONG] * 3, asks)
+    assert llm.engine.stats().preemptions_total > 0, "the KV budget was meant to force preemption"
+    for out in outs:
+        assert_matches(out.prompt_logprobs, ids, ref, 1)
+    assert llm.engine.stats().kv_blocks_in_use == 0
