@@ -140,9 +140,11 @@ class Scheduler:
         bs = self.blocks.block_size
         num_tokens = request.num_tokens
         # the last token is always recomputed: its logits are needed; prompt logprobs need
-        # every prompt position's hidden state, which a cached block does not keep (vLLM's rule)
-        hits = [] if request.needs_prompt_logprobs else self.blocks.find_cached_prefix(
-            request.all_token_ids, num_tokens - 1)
+        # every prompt position's hidden state, which a cached block does not keep: no lookup
+        # (vLLM's rule; nor does it count as one)
+        looks_up = not request.needs_prompt_logprobs
+        hits = self.blocks.find_cached_prefix(request.all_token_ids, num_tokens - 1) \
+            if looks_up else []
         horizon = policy.ADMISSION_LOOKAHEAD_TOKENS
         # cached-but-unreferenced hits leave the free queue when shared
         num_free_hits = sum(1 for b in hits if self.blocks.blocks[b].ref_count == 0)
@@ -165,7 +167,7 @@ class Scheduler:
         request.block_ids = list(hits)
         request.num_cached_blocks = len(hits)
         request.num_computed_tokens = len(hits) * bs
-        self.prefix_queries += num_tokens
+        self.prefix_queries += num_tokens if looks_up else 0
         self.prefix_hits += len(hits) * bs
         request.metrics.prefix_cache_hit_tokens += len(hits) * bs
         return True

@@ -44,18 +44,19 @@ def reference(llm) -> dict[str, tuple[list[int], torch.Tensor]]:
     return out
 
 
-def assert_matches(entries, ids: list[int], ref: torch.Tensor, num_top: int) -> None:
+def assert_matches(entries, ids: list[int], ref: torch.Tensor, num_top: int,
+                   tol: float = TOL) -> None:
     assert len(entries) == len(ids) and entries[0] is None
     for pos in range(1, len(ids)):
         e, row = entries[pos], ref[pos - 1]  # position pos - 1 predicts token pos
         expected = float(row[ids[pos]])
         assert e.token_id == ids[pos]
-        assert e.logprob == pytest.approx(expected, abs=TOL)
+        assert e.logprob == pytest.approx(expected, abs=tol)
         # ranks counted against the reference, allowing for near ties within the tolerance
-        assert (row > expected + TOL).sum() + 1 <= e.rank <= (row > expected - TOL).sum() + 1
+        assert (row > expected + tol).sum() + 1 <= e.rank <= (row > expected - tol).sum() + 1
         assert len(e.top) == num_top
         top = row.topk(num_top)
-        assert [lp for _, lp in e.top] == pytest.approx(top.values.tolist(), abs=TOL)
+        assert [lp for _, lp in e.top] == pytest.approx(top.values.tolist(), abs=tol)
         assert [t for t, _ in e.top][:1] == top.indices.tolist()[:1]
 
 
@@ -73,8 +74,10 @@ def test_a_cached_prefix_is_recomputed_for_prompt_logprobs(llm, reference):
     plain = SamplingParams(max_tokens=1, temperature=0)
     llm.generate(LONG, plain)  # its full blocks enter the prefix cache
     assert llm.generate(LONG, plain)[0].metrics.prefix_cache_hit_tokens >= 16
+    queries = llm.engine.stats().prefix_cache_queries_total
     out = llm.generate(LONG, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))[0]
     assert out.metrics.prefix_cache_hit_tokens == 0  # hidden states of every position needed
+    assert llm.engine.stats().prefix_cache_queries_total == queries  # no lookup counted
     assert_matches(out.prompt_logprobs, ids, ref, 0)
 
 
@@ -128,3 +131,21 @@ def test_preempted_requests_keep_complete_prompt_logprobs(reference, monkeypatch
     for out in outs:
         assert_matches(out.prompt_logprobs, ids, ref, 1)
     assert llm.engine.stats().kv_blocks_in_use == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_on_the_gpu_with_and_without_cuda_graphs(reference, cuda_graphs):
+    """16-token steps: each prefill chunk runs in the 16-token prefill graph (or eagerly), its
+    prompt logprobs computed from the graph's hidden states outside it."""
+    ids, ref = reference[LONG]
+    llm = LLM(device="cuda", dtype="float32", cuda_graphs=cuda_graphs, num_kv_blocks=64,
+              max_num_seqs=4, max_num_batched_tokens=16)
+    try:
+        out = llm.generate(LONG, SamplingParams(max_tokens=2, temperature=0,
+                                                prompt_logprobs=2))[0]
+        assert_matches(out.prompt_logprobs, ids, ref, 2, tol=1e-2)
+        if cuda_graphs:
+            assert llm.engine.step_times.counts["graph_prefill"] > 0
+    finally:
+        llm.engine.shutdown()
