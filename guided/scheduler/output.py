@@ -116,9 +116,10 @@ def build_output(plan: StepPlan, *, block_size: int, placeholders: dict[int, int
                 pos = block_end
         query_start.append(len(ids))
         seq_lens.append(start + n)
-        num_prompt = len(req.prompt_token_ids)
-        if req.needs_prompt_logprobs and start < num_prompt - 1:  # the last one's logits sample
-            end = min(start + n, num_prompt - 1)
+        # the last prompt position's logits sample; the attribute first: a decode step's cost
+        if req.prompt_logprobs is not None and req.needs_prompt_logprobs \
+                and start < len(req.prompt_token_ids) - 1:
+            end = min(start + n, len(req.prompt_token_ids) - 1)
             spans.append(PromptLogprobSpan(len(ids) - n, req.prompt_token_ids[start + 1:end + 1],
                                            req.params.prompt_logprobs))
             rows.prompt_owner.append(b)
