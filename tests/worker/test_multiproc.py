@@ -38,7 +38,7 @@ from guided.worker.multiproc import (
     decode,
     encode,
 )
-from guided.worker.step_io import RunnerOutput
+from guided.worker.step_io import PromptLogprobs, RunnerOutput
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
@@ -212,6 +212,7 @@ def test_every_message_round_trips():
     messages = [spec, Sample(4, MaskSlot(1, "/dev/shm/x-1-2", 3, [0, -1, 1, 2])), Sample(5, None),
                 Forget(), Stop(), Ready(0, 128, 8192, 7, "cuda:0", "bfloat16"),
                 Sampled(4, RunnerOutput([5, 6], [None, (-0.5, [(6, -0.5)])])),
+                Sampled(5, RunnerOutput([], [], [PromptLogprobs([-1.5], [3], [[7]], [[-0.2]])])),
                 Failed(1, "OutOfMemoryError: CUDA out of memory")]
     for message in messages:
         back = decode(encode(message))
