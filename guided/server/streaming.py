@@ -272,9 +272,9 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
     def echoed(i: int, out: RequestOutput | None) -> str:
         text, logprobs = job.echo[job.prompt_of[i]], None
         if out is not None:
-            first = job.prompts[job.prompt_of[i]][0]
+            first_id = job.prompts[job.prompt_of[i]][0]
             logprobs = completion_logprobs(out.prompt_logprobs or [], server.texts, job.num_top,
-                                           0, returns.tokens_as_ids, first)
+                                           0, returns.tokens_as_ids, first_id)
         return frame.completion([P.CompletionChoice(
             index=i, text=text, logprobs=logprobs, prompt_token_ids=prompt_ids(i))]) if slow \
             else frame.completion_text(i, text)
