@@ -22,6 +22,8 @@ def main() -> None:
     with open(args.profile) as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not count.isdigit() or not stack.startswith("process "):
+                continue  # a piece of a sample whose frame text held a newline: left out
             frames = stack.split(";")
             process = [f for f in frames if f.startswith("process ")][-1]
             thread = next((f for f in frames if f.startswith("thread ")), "thread ?")
