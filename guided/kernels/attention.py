@@ -218,9 +218,8 @@ if triton is not None:
         DOT_DTYPE: tl.constexpr,
     ):
         """Program (query tile, query head h): causal flash attention with offset. Request b's
-        tiles start at program qsl[b] // BLOCK_M + b: a grid of num_tokens // BLOCK_M + num_reqs,
-        where a CUDA graph's grid of its longest query for every request slot was mostly
-        programs that exit. Tiles every row sees whole run unmasked."""
+        tiles start at program qsl[b] // BLOCK_M + b: a grid of num_tokens // BLOCK_M + num_reqs
+        (few programs that exit, even in a CUDA graph). Tiles every row sees whole run unmasked."""
         tile = tl.program_id(0)
         h = tl.program_id(1)
         lo = 0  # b: the last request whose first tile is at or before this one

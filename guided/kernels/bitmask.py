@@ -48,16 +48,10 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _row_keys(seeds: torch.Tensor) -> torch.Tensor:
-    seeds = seeds.to(torch.int64)
-    lo = seeds & _MASK32
-    hi = (seeds >> 32) & _MASK32
-    return _fmix32(lo ^ _fmix32(hi ^ _GOLDEN))  # [B] int64 in [0, 2**32)
-
-
 def gumbel_noise_ref(seeds: torch.Tensor, num_cols: int) -> torch.Tensor:
     """Counter-based Gumbel noise g(seed_b, j): [B] int64 seeds -> [B, num_cols] float32."""
-    keys = _row_keys(seeds)  # [B]
+    seeds = seeds.to(torch.int64)
+    keys = _fmix32((seeds & _MASK32) ^ _fmix32(((seeds >> 32) & _MASK32) ^ _GOLDEN))  # [B]
     cols = torch.arange(num_cols, dtype=torch.int64, device=seeds.device)  # [V]
     h = _fmix32((_mul32(cols, _GOLDEN)[None, :] + keys[:, None]) & _MASK32)  # [B, V]
     u = ((h >> 9).to(torch.float32) + 0.5) * (2.0**-23)  # [B, V] in (0, 1)

@@ -2,11 +2,9 @@
 
 Read straight out of the qkv projection's output ``[T, (Hq + 2 * Hkv) * D]``: q rotated into a
 new ``[T, Hq, D]``, k rotated and v as it is into ``k_cache``, ``v_cache`` ``[num_blocks,
-block_size, Hkv, D]`` at ``slot_mapping[t]`` (= block * block_size + offset). As separate torch
-ops (two rotations, two indexed writes) a decode step launched four kernels a layer, each too
-small to be more than its launch: on the llama-3-8b shape at batch 64 the four took 13 us of a
-layer's 190 (torch.profiler, H200). Rotation in HF's half-split layout, in fp32.
-"""
+block_size, Hkv, D]`` at ``slot_mapping[t]`` (= block * block_size + offset): one launch where
+torch ops take four, each in decode too small to be more than its launch. Rotation in HF's
+half-split layout, in fp32."""
 from __future__ import annotations
 
 import torch

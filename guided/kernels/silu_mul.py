@@ -1,10 +1,7 @@
 """The MLP's activation: silu(gate) * up, read from the gate_up projection's ``[T, 2W]`` output
-(gate the first W columns, up the last W) into a new ``[T, W]``.
-
-One pass over memory: each program one row's BLOCK columns, no index division. torch.compile's
-kernel for the same op (dynamic shapes) ran at ~1.4 TB/s of an H200's ~4.8 on a 2048-token
-prefill of the llama-3-8b shape (benchmarks/RESULTS.md, "The forward pass").
-"""
+(gate the first W columns, up the last W) into a new ``[T, W]``. One pass over memory, each
+program one row's BLOCK columns: torch.compile's dynamic-shape kernel for it was memory-bound far
+below the GPU's bandwidth (benchmarks/RESULTS.md, "The forward pass")."""
 from __future__ import annotations
 
 import torch

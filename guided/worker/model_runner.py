@@ -140,9 +140,6 @@ class ModelRunner:
         """Drafts per request that keep a verify step in a CUDA graph (None: no limit)."""
         return None if self.graphs is None else MAX_QUERY_LEN - 1
 
-    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        return list_tensor(values, dtype).to(self.device, non_blocking=True)
-
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         arrays = [np.array(values, dtype=dtype) for values, dtype in (
             (out.input_ids, np.int64), (out.positions, np.int64),
@@ -192,27 +189,23 @@ class ModelRunner:
         """An int32 (num_rows, mask_words) host buffer to fill (old contents: garbage)."""
         return self._masks.take(num_rows)
 
-    def _mask_to_device(self, rows: torch.Tensor) -> torch.Tensor:
-        """Queue rows' copy to the device; their buffer is reused after it."""
-        return self._masks.to_device(rows)
-
     @torch.inference_mode()
     def sample(self, masks: StepMasks | None) -> DeviceSample:
         if self._launched is None:
             raise RuntimeError("nothing launched to sample")
         (rows, logits, prompt), self._launched = self._launched, None
-        if logits is None:
+        if logits is None:  # no row samples this step
             self._last_sampled = DeviceSample(torch.empty(0, dtype=torch.int64), [], None, [])
-            self._last_sampled.prompt_logprobs = prompt
-            return self._last_sampled
-        bitmask = mask_rows = None
-        if masks is not None and masks.bitmask.shape[0]:
-            with self.times.phase("mask_upload"):
-                bitmask = self._mask_to_device(masks.bitmask)
-                mask_rows = self._to_device(masks.mask_rows, torch.int32)
-        with self.times.phase("sample_launch"):
-            self._last_sampled = sample_on_device(logits, rows, bitmask, mask_rows,
-                                                  vocab_size=self.vocab_size)
+        else:
+            bitmask = mask_rows = None
+            if masks is not None and masks.bitmask.shape[0]:
+                with self.times.phase("mask_upload"):
+                    bitmask = self._masks.to_device(masks.bitmask)
+                    mask_rows = list_tensor(masks.mask_rows, torch.int32)
+                    mask_rows = mask_rows.to(self.device, non_blocking=True)
+            with self.times.phase("sample_launch"):
+                self._last_sampled = sample_on_device(logits, rows, bitmask, mask_rows,
+                                                      vocab_size=self.vocab_size)
         self._last_sampled.prompt_logprobs = prompt
         return self._last_sampled
 

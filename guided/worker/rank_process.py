@@ -50,8 +50,8 @@ class RankWorker:
                                   loader.weight_reader(spec.config.model, spec.config.seed),
                                   vocab_size=spec.vocab_size, ctx=self.ctx)
         if self.runner.device.type == "cuda":
-            # a step's CPU work is small copies: torch's thread pool, one per rank, only spun
-            # against the others (a step's mask copy took two thirds of a rank's time at TP 4)
+            # a step's CPU work is small copies: torch's thread pools, one per rank, only spin
+            # against each other
             torch.set_num_threads(1)
         self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
                                 spec.world_size)

@@ -119,8 +119,7 @@ def warm_sampling_kernels(num_cols: int, *, vocab_size: int, dtype: torch.dtype,
                           device: torch.device) -> None:
     """Compile every variant of the sampling kernels now, for logits of num_cols columns: with
     and without a bitmask, one vocab split and several, the slow path's float32 mask. A variant
-    first met mid-run compiles inside that step (~0.35 s on the H200, in the 8B cold pass),
-    stalling every request in it."""
+    first met mid-run compiles inside that step, stalling every request in it."""
     words = -(-vocab_size // 32)
     logits = torch.zeros(2, num_cols, dtype=dtype, device=device)
     bitmask = torch.full((2, words), -1, dtype=torch.int32, device=device)

@@ -1,7 +1,6 @@
 """A step's host data on its way to the device: host buffers taken in turn (PinnedRing), and a
-step's integer inputs in one copy (StepUpload), packed into one buffer and viewed out of the
-copy on the device. Each array copied on its own from pageable memory cost a staged copy and a
-launch apiece, nine a step."""
+step's integer inputs in one copy (StepUpload), packed into one pinned buffer and viewed out of
+the copy on the device, where nine copies from pageable memory would stage each one."""
 from __future__ import annotations
 
 import numpy as np

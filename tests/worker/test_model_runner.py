@@ -30,7 +30,7 @@ def test_mask_buffers_are_reused_in_turn_and_grow():
     assert again.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
     bigger = runner.new_bitmask(MIN_MASK_ROWS + 1)  # the second buffer, grown
     assert bigger.shape == (MIN_MASK_ROWS + 1, 7)
-    assert runner._mask_to_device(bigger) is bigger  # on the CPU the rows are used where they are
+    assert runner._masks.to_device(bigger) is bigger  # on the CPU the rows are used where they are
 
 
 @pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_a_mask_buffer_is_taken_again_only_after_its_copy_ran():
     assert first.is_pinned()
     first.fill_(7)
     torch.cuda._sleep(50_000_000)  # keep the stream busy so the copy is still queued
-    on_device = runner._mask_to_device(first)
+    on_device = runner._masks.to_device(first)
     runner.new_bitmask(256)
     reused = runner.new_bitmask(256)  # waits for the copy out of `first`
     assert reused.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
