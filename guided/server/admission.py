@@ -1,8 +1,8 @@
 """Admission control: at most `capacity` engine requests (choices) in flight; the rest wait in a
 FIFO here, each for at most QUEUE_TIMEOUT_S. What does not fit, by count or by expected wait
 ((choices queued ahead) x (mean time a choice holds its slot) / capacity), is a 429 with
-Retry-After at once, never a request left to time out at its client (200 clients on the CPU:
-all admitted, 171 timed out). A 503 stays for an engine that is down and compile timeouts."""
+Retry-After at once, never a request left to time out at its client. A 503 stays for an engine
+that is down and compile timeouts."""
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +18,7 @@ from guided.fsm.settings import NUM_CPUS
 
 QUEUE_TIMEOUT_S = 30.0  # the longest a request waits here for the engine
 # On the CPU a step's forward pass is compute-bound past a few requests per core: more at once
-# adds little throughput and only stretches every request (200 clients of the default model on
-# 2 cores, all admitted: 41 s each idle, up to 354 s at load 22, and /health up to 3.7 s)
+# adds little throughput and only stretches every request (and /health)
 CPU_REQUESTS_PER_CORE = 8
 MAX_RETRY_AFTER_S = 60
 # each finished slot moves the mean holding time this far towards its own
@@ -151,11 +150,3 @@ async def _holding(body: AsyncIterator[str], slot: Slot) -> AsyncIterator[str]:
     finally:
         slot.release()
 
-
-def register_metrics(admission: Admission, registry) -> None:
-    from prometheus_client import Gauge
-
-    Gauge("guided_requests_queued", "Engine requests waiting in the server's admission queue",
-          registry=registry).set_function(lambda: admission.num_waiting)
-    Gauge("guided_requests_admitted", "Engine requests holding an admission slot",
-          registry=registry).set_function(lambda: admission.in_flight)

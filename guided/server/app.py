@@ -23,12 +23,7 @@ from guided.outputs import RequestOutput
 from guided.params import ConstraintSpec, SamplingParams
 from guided.server import door, jobs, streaming
 from guided.server import protocol as P
-from guided.server.admission import (
-    Admission,
-    QueueFullError,
-    capacity_for,
-    register_metrics,
-)
+from guided.server.admission import Admission, QueueFullError, capacity_for
 from guided.server.constraint_fields import constraint_kwargs, sampling_extras
 from guided.server.metrics import ServerMetrics
 from guided.server.native_routes import add_native_routes
@@ -43,10 +38,6 @@ from guided.serving.client import EngineClient
 from guided.serving.request_stream import RequestStream
 
 logger = logging.getLogger("guided.server")
-
-
-def include_usage(req) -> bool:
-    return bool(req.stream_options and req.stream_options.include_usage)
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error",
@@ -87,18 +78,15 @@ class Server:
         self.native_tools = bool(template) and "tools" in template
         self.tool_format = detect_format(template)
         self.compile_timeout_s = core.config.compile_timeout_s
-        # imports xgrammar now: at the first grammar's door check, on the prompt thread, the
-        # import held the GIL in bursts and every stream stalled (7.8-9.9 s on a loaded CPU)
+        # imports xgrammar now: imported at the first door check, it held the GIL for seconds
         quick_problem(ConstraintSpec("regex", "a"))
-        self.metrics = ServerMetrics(engine.stats,
-                                     lambda: (engine.compile_queries, engine.compile_hits))
+        self.metrics = ServerMetrics(engine, self.admission)
         engine.on_finished = self.metrics.observe_finished
-        register_metrics(self.admission, self.metrics.registry)
 
     # ---- building jobs ---------------------------------------------------------------------
 
-    def check_model(self, model: str) -> None:
-        if model not in self.accepted_models:
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.accepted_models:
             raise jobs.ModelNotFound(f"The model `{model}` does not exist; this server serves "
                                      f"`{self.model_name}` (also reachable as `default`).")
 
@@ -144,12 +132,9 @@ class Server:
         job = jobs.Job(jobs.new_id("cmpl"), self.model_name, [], [], [], None, num_top)
         self._check_openai_fields(job, req)
         for k, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt)
-                job.echo.append(prompt)
-            else:
-                ids = list(prompt)
-                job.echo.append(self._decode(ids) if req.echo else "")
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if req.echo:
+                job.echo.append(prompt if isinstance(prompt, str) else self._decode(ids))
             job.prompts.append(ids)
             self._add_choices(job, req, k, req.logprobs, {}, "prompt")
         self._quick_check(job)
@@ -351,18 +336,14 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
     async def run_chat(request: Request, req: P.ChatCompletionRequest) -> Response:
         server.prompts.check_chars(door.chat_chars(req), "messages")
         job = await server.prompts.run(server.chat_job, req)
-        return await run(request, req, job,
-                         lambda s: streaming.chat_stream(server, job, s, include_usage(req)),
+        return await run(request, req, job, lambda s: streaming.chat_stream(server, job, s),
                          lambda outs: jobs.chat_response(job, outs, server.texts))
 
     async def run_completion(request: Request, req: P.CompletionRequest) -> Response:
         server.prompts.check_chars(door.completion_chars(req), "prompt")
         job = await server.prompts.run(server.completion_job, req)
-        return await run(request, req, job,
-                         lambda s: streaming.completion_stream(server, job, s, req.echo,
-                                                               include_usage(req)),
-                         lambda outs: jobs.completion_response(job, outs, server.texts,
-                                                               echo=req.echo))
+        return await run(request, req, job, lambda s: streaming.completion_stream(server, job, s),
+                         lambda outs: jobs.completion_response(job, outs, server.texts))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

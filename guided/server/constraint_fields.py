@@ -1,10 +1,8 @@
 """Every constraint field name clients of OpenAI, vLLM and SGLang send -> one constraint
 (SamplingParams' constraint kwargs). More than one constraint is a 400, and so is a
-constraint-like field we cannot honour, naming it: never dropped silently, so a client never
-believes free text is constrained. Fields that only pick a backend or its fallback are ignored
-with a log note: they do not change the language the output follows. Also logit_bias and
-min_tokens, prompt_logprobs as SamplingParams keywords, and a 400 for the sampling fields of
-vLLM and SGLang that guided does not do (beam search, stop_regex)."""
+constraint-like field we cannot honour, naming it: never dropped silently. Fields that only pick
+a backend are ignored with a log note. Also logit_bias, min_tokens and prompt_logprobs, and a 400
+for the sampling fields of vLLM and SGLang that guided does not do (beam search, stop_regex)."""
 from __future__ import annotations
 
 import difflib

@@ -170,9 +170,8 @@ class HeaderTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             self.transport.close()
 
 
-# Prompt work runs off the event loop, on a thread of its own (a 10 MB prompt tokenized on the
-# event loop held /health for 48 s and paused every stream), after a check that costs nothing: a
-# prompt whose character count alone shows it cannot fit the context is refused first.
+# Prompt work runs on a thread of its own (a huge prompt tokenized on the event loop stalled
+# /health and every stream), after a free check: one too many characters to fit is refused first.
 T = TypeVar("T")
 # a token covers at most max_token_chars characters of text; halved again for normalizers that
 # might shorten text before it is split (a bound that must never refuse a prompt that fits)

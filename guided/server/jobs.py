@@ -84,7 +84,7 @@ class Job:
     prompt_of: list[int]
     plan: ToolPlan | None = None
     num_top: int = 0
-    # completions: each prompt's text; chat with echo: the last message's text
+    # echo: each prompt's text (completions), the last message's text (chat)
     echo: list[str] = field(default_factory=list)
     constraint_param: str | None = None  # the field the constraint came from (for 400s)
     reasoning: bool = False  # chat on a reasoning parser: <think> ... </think> comes first
@@ -99,14 +99,15 @@ class Returns:
     tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprobs say "token_id:<id>"
     usage_every_chunk: bool = False  # stream_options.continuous_usage_stats
     cached_tokens: bool = False  # usage.prompt_tokens_details (serve --enable-cache-report)
+    usage_at_end: bool = False  # stream_options.include_usage: a last chunk with the usage
 
     @classmethod
     def of(cls, req, cached_tokens: bool = False) -> Returns:
         options = getattr(req, "stream_options", None)
+        usage = bool(options and options.include_usage)
         return cls(bool(getattr(req, "return_token_ids", False)),
                    bool(getattr(req, "return_tokens_as_token_ids", False)),
-                   bool(options and options.include_usage and options.continuous_usage_stats),
-                   cached_tokens)
+                   usage and bool(options.continuous_usage_stats), cached_tokens, usage)
 
 
 def empty_output(job: Job, i: int) -> RequestOutput:
@@ -317,10 +318,10 @@ def chat_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
                                                                     texts) if outs else None)
 
 
-def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts, *, echo: bool
+def completion_response(job: Job, outs: list[RequestOutput], texts: TokenTexts
                         ) -> P.CompletionResponse:
     choices = []
-    as_ids, ids = job.returns.tokens_as_ids, job.returns.token_ids
+    as_ids, ids, echo = job.returns.tokens_as_ids, job.returns.token_ids, bool(job.echo)
     for i, out in enumerate(outs):
         prefix = job.echo[job.prompt_of[i]] if echo else ""
         logprobs = None

@@ -2,13 +2,17 @@
 from finished requests. One CollectorRegistry per instance (tests start several apps)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from guided.outputs import EngineStats, RequestOutput
+from guided.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from guided.server.admission import Admission
+    from guided.serving.client import EngineClient
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                     160.0)
@@ -22,13 +26,11 @@ class _EngineCollector(Collector):
     """Reads the engine's cumulative totals at scrape time: the counters are exactly the engine's
     own (no delta bookkeeping that could drift), the gauges are the current state."""
 
-    def __init__(self, get_stats: Callable[[], EngineStats],
-                 get_grammar_cache: Callable[[], tuple[int, int]]):
-        self._get_stats = get_stats
-        self._get_grammar_cache = get_grammar_cache
+    def __init__(self, engine: EngineClient):
+        self._engine = engine
 
     def collect(self):
-        s = self._get_stats()
+        s = self._engine.stats()
         gauges = [
             ("guided_kv_blocks_total", "KV cache blocks in the pool", s.kv_blocks_total),
             ("guided_kv_blocks_in_use", "KV blocks referenced by live requests",
@@ -58,7 +60,7 @@ class _EngineCollector(Collector):
         for reason, count in sorted(s.requests_finished_total.items()):
             finished.add_metric([reason], count)
         yield finished
-        queries, hits = self._get_grammar_cache()
+        queries, hits = self._engine.compile_queries, self._engine.compile_hits
         yield CounterMetricFamily("guided_grammar_cache_queries", "Constraint compile requests",
                                   value=queries)
         yield CounterMetricFamily("guided_grammar_cache_hits",
@@ -69,10 +71,13 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, get_stats: Callable[[], EngineStats],
-                 get_grammar_cache: Callable[[], tuple[int, int]]):
+    def __init__(self, engine: EngineClient, admission: Admission):
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(get_stats, get_grammar_cache))
+        self.registry.register(_EngineCollector(engine))
+        Gauge("guided_requests_queued", "Engine requests waiting in the server's admission queue",
+              registry=self.registry).set_function(lambda: admission.num_waiting)
+        Gauge("guided_requests_admitted", "Engine requests holding an admission slot",
+              registry=self.registry).set_function(lambda: admission.in_flight)
 
         def hist(name: str, doc: str, buckets) -> Histogram:
             return Histogram(name, doc, buckets=buckets, registry=self.registry)

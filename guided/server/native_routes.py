@@ -45,8 +45,7 @@ class DetokenizeRequest(P._Request):
 def tokenize(server: Server, req: TokenizeRequest) -> dict[str, Any]:
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequestError("send either prompt or messages", param="prompt")
-    if req.model is not None:
-        server.check_model(req.model)
+    server.check_model(req.model)
     if req.messages is not None:
         kwargs = {**(req.chat_template_kwargs or {}),
                   "add_generation_prompt": req.add_generation_prompt}
@@ -66,8 +65,7 @@ def tokenize(server: Server, req: TokenizeRequest) -> dict[str, Any]:
 
 
 def detokenize(server: Server, req: DetokenizeRequest) -> dict[str, Any]:
-    if req.model is not None:
-        server.check_model(req.model)
+    server.check_model(req.model)
     size = len(server.tokenizer)
     bad = [t for t in req.tokens if not 0 <= t < size]
     if bad:

@@ -15,10 +15,6 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
-class _Response(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-
-
 # ---- shared request pieces ----------------------------------------------------------------------
 
 class StreamOptions(_Request):
@@ -66,8 +62,7 @@ class _SamplingFields(ConstraintExtensions):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep the last k (-1: all
-    # the context holds)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep the last k tokens
     return_token_ids: bool = False  # vLLM's: prompt_token_ids and each choice's token_ids
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:<id>"
 
@@ -189,24 +184,24 @@ class CompletionRequest(_SamplingFields):
 
 # ---- responses ----------------------------------------------------------------------------------
 
-class PromptTokensDetails(_Response):
+class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
-class UsageInfo(_Response):
+class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None  # serve --enable-cache-report
 
 
-class TopLogprob(_Response):
+class TopLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int] | None = None
 
 
-class PromptLogprob(_Response):
+class PromptLogprob(BaseModel):
     """vLLM's Logprob: one entry of a prompt position's {token id: entry}."""
     logprob: float
     rank: int | None = None
@@ -217,22 +212,22 @@ class ChatTokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = []
 
 
-class ChatLogprobs(_Response):
+class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
-class FunctionCallOut(_Response):
+class FunctionCallOut(BaseModel):
     name: str
     arguments: str
 
 
-class ToolCallOut(_Response):
+class ToolCallOut(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCallOut
 
 
-class ChatMessageOut(_Response):
+class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
@@ -246,7 +241,7 @@ class ChatMessageOut(_Response):
 NULL_CHOICE_FIELDS = ("logprobs", "finish_reason", "stop_reason", "matched_stop")
 
 
-class ChatChoice(_Response):
+class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
@@ -256,7 +251,7 @@ class ChatChoice(_Response):
     token_ids: list[int] | None = None  # return_token_ids
 
 
-class ChatCompletionResponse(_Response):
+class ChatCompletionResponse(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -267,19 +262,19 @@ class ChatCompletionResponse(_Response):
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's (jobs.py)
 
 
-class FunctionCallDelta(_Response):
+class FunctionCallDelta(BaseModel):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(_Response):
+class ToolCallDelta(BaseModel):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
     function: FunctionCallDelta
 
 
-class ChatDelta(_Response):
+class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
@@ -288,7 +283,7 @@ class ChatDelta(_Response):
     reasoning: str | None = None
 
 
-class ChatChunkChoice(_Response):
+class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
@@ -296,7 +291,7 @@ class ChatChunkChoice(_Response):
     token_ids: list[int] | None = None  # return_token_ids: this chunk's
 
 
-class ChatCompletionChunk(_Response):
+class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -306,14 +301,14 @@ class ChatCompletionChunk(_Response):
     prompt_token_ids: list[int] | None = None  # return_token_ids: the first chunk's
 
 
-class CompletionLogprobs(_Response):
+class CompletionLogprobs(BaseModel):
     tokens: list[str] = []
     token_logprobs: list[float | None] = []  # echo: None for the first prompt token
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
 
 
-class CompletionChoice(_Response):
+class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -325,7 +320,7 @@ class CompletionChoice(_Response):
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's (jobs.py)
 
 
-class CompletionResponse(_Response):
+class CompletionResponse(BaseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -334,7 +329,7 @@ class CompletionResponse(_Response):
     usage: UsageInfo | None = None
 
 
-class ModelCard(_Response):
+class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -342,7 +337,7 @@ class ModelCard(_Response):
     max_model_len: int | None = None
 
 
-class ModelList(_Response):
+class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 

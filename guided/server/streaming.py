@@ -1,9 +1,7 @@
 """Server-sent events: the chunk streams of /v1/chat/completions and /v1/completions, and the
 watch on the client's connection (a client that leaves aborts its requests at every stage).
-
-A streamed token costs the event loop one chunk; built from three pydantic models it took more
-of the loop's time than anything else in the server, so `ChunkFrame` serializes the parts fixed
-for a stream once, in exactly the bytes the models would give (tests check this)."""
+Chunks built from pydantic models took more of the event loop than anything else, so `ChunkFrame`
+writes the common ones directly, in exactly the bytes the models would give (tests check this)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from guided.outputs import RequestOutput
 from guided.server import protocol as P
@@ -44,9 +43,7 @@ logger = logging.getLogger("guided.server")
 # json.dumps(..., ensure_ascii=False) builds a new encoder on every call; same output.
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 # the characters besides CR and LF that str.splitlines() ends a line at and JSON leaves raw:
-# escaped, or a client reading the stream by splitlines (httpx's aiter_lines) cuts an event in
-# two where a token holds one (the one failed request of two benchmark runs on random weights:
-# its client read half an event, "Unterminated string")
+# escaped, or a client reading the stream by splitlines (httpx's aiter_lines) cuts an event in two
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _END = "}]}\n\n"
 
@@ -55,7 +52,7 @@ def _json(value) -> str:
     return _encode(value).translate(_LINE_BREAKS)
 
 
-def sse(payload: P._Response | dict) -> str:
+def sse(payload: BaseModel | dict) -> str:
     data = payload if isinstance(payload, dict) else payload.model_dump(exclude_none=True)
     return f"data: {_json(data)}\n\n"
 
@@ -183,8 +180,8 @@ class _Sent:
         return usage(self.job, self.latest)
 
 
-async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
-                      include_usage: bool) -> AsyncIterator[str]:
+async def chat_stream(server: Server, job: Job, streams: list[RequestStream]
+                      ) -> AsyncIterator[str]:
     n, returns = len(job.params), job.returns
     frame = ChunkFrame(job.request_id, job.model, "chat.completion.chunk")
     sent, sent_thought = _Sent(job), [0] * n
@@ -233,7 +230,7 @@ async def chat_stream(server: Server, job: Job, streams: list[RequestStream],
                              usage=sent.usage())
         elif content or finish:
             yield frame.chat_text(i, content, finish)
-    if include_usage:
+    if returns.usage_at_end:
         yield frame.chat([], usage=usage(job, sent.latest))
     yield DONE
 
@@ -248,12 +245,12 @@ def legacy_delta(delta: P.ChatDelta) -> P.ChatDelta:
         name=name, arguments=arguments))
 
 
-async def completion_stream(server: Server, job: Job, streams: list[RequestStream], echo: bool,
-                            include_usage: bool) -> AsyncIterator[str]:
+async def completion_stream(server: Server, job: Job, streams: list[RequestStream]
+                            ) -> AsyncIterator[str]:
     """Text chunks; where logprobs are asked, every chunk has a logprobs object (empty where
     the chunk adds no token), and return_token_ids puts prompt_token_ids on each choice's
     first chunk."""
-    n, returns = len(job.params), job.returns
+    n, returns, echo = len(job.params), job.returns, bool(job.echo)
     frame = ChunkFrame(job.request_id, job.model, "text_completion")
     sent = _Sent(job)
     offsets = [len(job.echo[job.prompt_of[i]]) if echo else 0 for i in range(n)]
@@ -307,7 +304,7 @@ async def completion_stream(server: Server, job: Job, streams: list[RequestStrea
                 token_ids=new_ids, prompt_token_ids=prompt_ids(i))], usage=sent.usage())
         else:
             yield frame.completion_text(i, new_text, finish)
-    if include_usage:
+    if returns.usage_at_end:
         yield frame.completion([], usage=usage(job, sent.latest))
     yield DONE
 

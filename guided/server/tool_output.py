@@ -219,19 +219,23 @@ def content_text(text: str, span: CallSpan) -> str:
     return _partial_string(text[span.content_start + 1:raw_end])
 
 
+def split_output(plan: ToolPlan, text: str, finished: bool = True
+                 ) -> tuple[str, list[CallSpan]]:
+    """(the text answer so far, the calls, the last maybe partial) of an output."""
+    if plan.format is not None:
+        return tag_calls(plan.format, text, finished=finished)
+    kind = output_kind(plan, text)
+    if kind == "text":
+        return content_text(text, scan_calls(text)[0]), []
+    return "", scan_calls(text) if kind == "tools" else []
+
+
 def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[P.ToolCallOut] | None]:
     """(content, tool calls) of a finished output. One cut by max_tokens gives its complete
     calls (content ""), or auto's text answer so far: never the call format's text."""
-    if plan.format is not None:
-        outside, spans = tag_calls(plan.format, text)
-        calls = complete_calls(text, spans)
-        return (outside.strip() if calls else outside), calls or None
-    kind = output_kind(plan, text)
-    if kind == "text":
-        return content_text(text, scan_calls(text)[0]), None
-    if kind is None:
-        return "", None
-    return "", complete_calls(text, scan_calls(text)) or None
+    content, spans = split_output(plan, text)
+    calls = complete_calls(text, spans)
+    return (content.strip() if calls else content), calls or None
 
 
 def complete_calls(text: str, spans: list[CallSpan]) -> list[P.ToolCallOut]:
@@ -267,20 +271,10 @@ class ToolCallStreamer:
         self.sent_content = 0
 
     def deltas(self, text: str, finished: bool = False) -> tuple[str, list[dict[str, Any]]]:
-        if self.plan.format is not None:
-            outside, spans = tag_calls(self.plan.format, text, finished=finished)
-            return self._new_content(outside), self._calls(text, spans)
-        kind = output_kind(self.plan, text)
-        if kind == "text":
-            return self._new_content(content_text(text, scan_calls(text)[0])), []
-        if kind == "tools":
-            return "", self._calls(text, scan_calls(text))
-        return "", []
-
-    def _new_content(self, content: str) -> str:
+        content, spans = split_output(self.plan, text, finished)
         new = content[self.sent_content:]
         self.sent_content = max(self.sent_content, len(content))
-        return new
+        return new, self._calls(text, spans)
 
     def _calls(self, text: str, spans: list[CallSpan]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

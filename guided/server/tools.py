@@ -4,9 +4,8 @@ The output is JSON under a JSON-schema constraint: a call is `{"name": <const>, 
 {...}}` (Llama 3.1's format: "name" sorts first, so the function is chosen before its
 arguments); "auto" also admits `{"content": <text>}`, which the server unwraps. Under a chat
 template that teaches a tool-call format (tool_output.py), "auto" is free text with calls in
-that format instead. JSON-first stays elsewhere: SmolLM2-135M (no tool training) made 0 of 6
-BFCL calls with free text and `<tool_call>` tags, 6 of 6 JSON-first.
-"""
+that format instead; JSON-first stays elsewhere (a model without tool training calls reliably
+only in it)."""
 from __future__ import annotations
 
 import json
