@@ -362,7 +362,7 @@ def create_app(engine: EngineClient, *, served_model_name: str | None = None,
     @app.get("/v1/models")
     async def models() -> Response:
         card = P.ModelCard(id=server.model_name, max_model_len=server.max_model_len)
-        return JSONResponse(P.ModelList(data=[card]).model_dump(exclude_none=True))
+        return JSONResponse({"object": "list", "data": [card.model_dump(exclude_none=True)]})
 
     @app.get("/health")
     async def health() -> Response:

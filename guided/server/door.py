@@ -199,7 +199,6 @@ class PromptWork:
                 f"{param} has {num_chars} characters, at least {at_least} tokens.", param=param)
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        """fn(*args) on the tokenizer's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def shutdown(self) -> None:

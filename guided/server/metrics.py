@@ -1,5 +1,5 @@
-"""Prometheus metrics of a server: engine gauges/counters from EngineStats, latency histograms
-from finished requests. One CollectorRegistry per instance (tests start several apps)."""
+"""Prometheus metrics of a server: the engine's and the admission queue's gauges and counters,
+latency histograms from finished requests. One registry per instance (tests start several apps)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -337,11 +337,6 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
 
 
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
 # ---- errors -------------------------------------------------------------------------------------
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,

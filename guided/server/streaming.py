@@ -79,7 +79,6 @@ class ChunkFrame:
         return f'{self._head}{index}, "delta": {delta}{self._finish(finish)}'
 
     def completion_text(self, index: int, text: str, finish: str | None = None) -> str:
-        """A completion chunk with text only (no logprobs)."""
         return f'{self._head}{index}, "text": {_json(text)}{self._finish(finish)}'
 
     @staticmethod
