@@ -1,13 +1,6 @@
 """Tool calls in the model's output: the formats of the model families we serve (chosen by the
 chat template), and the calls found in (possibly partial) output text, whole or as stream
-deltas: JSON-first output (tools.py) or text with calls in a template's format.
-
-| family            | a call in the model's output                                    |
-|-------------------|-----------------------------------------------------------------|
-| Hermes (Qwen, ..) | `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`  |
-| Llama 3.1+ JSON   | `{"name": "f", "parameters": {...}}`                            |
-| Mistral           | `[TOOL_CALLS][{"name": "f", "arguments": {...}}]`               |
-"""
+deltas: JSON-first output (tools.py) or text with calls in a template's format (FORMATS)."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,9 @@
 """tools / tool_choice -> a constraint and a prompt; the model's output -> OpenAI tool_calls.
-
-The output is JSON under a JSON-schema constraint: a call is `{"name": <const>, "parameters":
-{...}}` (Llama 3.1's format: "name" sorts first, so the function is chosen before its
-arguments); "auto" also admits `{"content": <text>}`, which the server unwraps. Under a chat
-template that teaches a tool-call format (tool_output.py), "auto" is free text with calls in
-that format instead; JSON-first stays elsewhere (a model without tool training calls reliably
-only in it)."""
+JSON-first: a call is `{"name": <const>, "parameters": {...}}` under a JSON-schema constraint
+("name" sorts first, so the function is chosen before its arguments); "auto" also admits
+`{"content": <text>}`, unwrapped by the server. Under a chat template that teaches a tool-call
+format (tool_output.py), "auto" is free text with calls in that format instead (a model without
+tool training calls reliably only JSON-first)."""
 from __future__ import annotations
 
 import json
