@@ -10,6 +10,7 @@ import torch
 
 from guided.config import EngineConfig
 from guided.scheduler.output import SchedulerOutput
+from guided.scheduler.sampling_rows import SamplingRows
 from guided.worker import loader
 from guided.worker.cuda_graphs import MAX_QUERY_LEN, StepGraphs
 from guided.worker.model_config import ModelConfig
@@ -17,8 +18,7 @@ from guided.worker.models.llama import AttentionMetadata, build_model
 from guided.worker.models.parallel import SINGLE, ParallelContext, rank_device
 from guided.worker.models.weights import WeightReader
 from guided.worker.prompt_logprobs import DevicePromptLogprobs, prompt_logprobs
-from guided.worker.sampler import (DeviceSample, SamplingRows, list_tensor, sample_on_device,
-                                   warm_sampling_kernels)
+from guided.worker.sampler import DeviceSample, list_tensor, sample_on_device, warm_sampling_kernels
 from guided.worker.step_io import StepMasks
 from guided.worker.step_times import StepTimes
 from guided.worker.step_upload import PinnedRing, StepUpload
@@ -111,19 +111,10 @@ class ModelRunner:
     def _size_kv_cache(self) -> int:
         """The blocks every rank has room for (a block id means the same tokens on each rank);
         every rank takes part, even one without room, so none waits for a rank that gave up."""
-        num = self._blocks_with_room()
-        if self.ctx.world_size > 1:
-            num = self.ctx.all_min(num)
-        if num < 2:
-            raise MemoryError(f"no room for the KV cache ({num} blocks of "
-                              f"{self.kv_bytes_per_block() / 2**20:.1f} MiB on some rank)")
-        return num
-
-    def _blocks_with_room(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
-        if self.device.type == "cuda":
+        if self.config.num_kv_blocks is not None:
+            num = self.config.num_kv_blocks
+        elif self.device.type == "cuda":
             # gpu_memory_utilization: this engine's share of the GPU, weights included (vLLM's)
             free, total = torch.cuda.mem_get_info(self.device)
             weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -131,9 +122,15 @@ class ModelRunner:
                        * (self.model_config.vocab_size * 4 + self.model_config.intermediate_size
                           * 8)) + (1 << 30)  # activations, logits, CUDA graphs
             budget = min(total * self.config.gpu_memory_utilization - weights, free) - reserve
+            num = max(int(budget // per_block), 0)
         else:
-            budget = CPU_KV_CACHE_BYTES
-        return max(int(budget // per_block), 0)
+            num = CPU_KV_CACHE_BYTES // per_block
+        if self.ctx.world_size > 1:
+            num = self.ctx.all_min(num)
+        if num < 2:
+            raise MemoryError(f"no room for the KV cache ({num} blocks of "
+                              f"{per_block / 2**20:.1f} MiB on some rank)")
+        return num
 
     @property
     def max_draft_tokens(self) -> int | None:
