@@ -50,8 +50,7 @@ class RankWorker:
                                   loader.weight_reader(spec.config.model, spec.config.seed),
                                   vocab_size=spec.vocab_size, ctx=self.ctx)
         if self.runner.device.type == "cuda":
-            # a step's CPU work is small copies: torch's thread pools, one per rank, only spin
-            # against each other
+            # a step's CPU work is small copies: the ranks' torch thread pools only fight each other
             torch.set_num_threads(1)
         self.masks = MaskReader(spec.rank, spec.masks_path, self.runner.mask_words,
                                 spec.world_size)
