@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
+from typing import get_args
 
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.backends.llguidance_backend import prefers_llguidance
@@ -29,7 +30,7 @@ from guided.fsm.settings import CompileSettings
 from guided.fsm.structural_tags import checked_structural_tag
 from guided.fsm.vocab import TokenVocab
 from guided.fsm.watchdog_pool import WatchdogPool, settle
-from guided.params import ConstraintSpec
+from guided.params import ConstraintKind, ConstraintSpec
 
 # compiles waiting for a thread: past this a new spec is refused at once (a 503 to retry)
 MAX_QUEUED_COMPILES = 256
@@ -122,7 +123,14 @@ class GrammarCompiler:
 
     def _start(self, spec: ConstraintSpec, entry: _Compile, *, sheddable: bool) -> None:
         """(lock held) Queue the compile, or settle it at once where the spec is refused."""
-        problem = precheck(spec, self.config.max_grammar_bytes)
+        limit = self.config.max_grammar_bytes
+        if len(spec.value.encode("utf-8", "surrogatepass")) > limit:
+            problem = (f"the {spec.kind} constraint is {len(spec.value)} characters long; the "
+                       f"limit is max_grammar_bytes={limit}")
+        elif spec.kind not in get_args(ConstraintKind):
+            problem = f"unknown constraint kind {spec.kind!r}"
+        else:
+            problem = quick_problem(spec)
         if problem is not None:
             entry.outcome.set_exception(ConstraintError(problem))
             return
@@ -240,16 +248,6 @@ class GrammarCompiler:
             return None
         return CompiledGrammar(spec, time.perf_counter() - start, "llguidance",
                                lambda: LLGuidanceMatcher(initial, backend))
-
-
-def precheck(spec: ConstraintSpec, max_grammar_bytes: int) -> str | None:
-    if len(spec.value.encode("utf-8", "surrogatepass")) > max_grammar_bytes:
-        return (f"the {spec.kind} constraint is {len(spec.value)} characters long; the limit "
-                f"is max_grammar_bytes={max_grammar_bytes}")
-    if spec.kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
-                         "structural_tag"):
-        return f"unknown constraint kind {spec.kind!r}"
-    return quick_problem(spec)
 
 
 def quick_problem(spec: ConstraintSpec) -> str | None:

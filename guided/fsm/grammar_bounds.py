@@ -23,6 +23,7 @@ MAX_SHORTEST_BYTES = 1 << 15
 BYTE_STRING, CHAR_CLASS, CHAR_CLASS_STAR, EMPTY, RULE_REF, SEQUENCE, CHOICES, TAG_DISPATCH, \
     REPEAT = range(9)
 _INF = float("inf")
+_WHAT = {"regex": "the regex", "json_schema": "the JSON schema", "json_object": "the JSON grammar"}
 
 
 class _Grammar:
@@ -35,12 +36,9 @@ class _Grammar:
         self.kinds = [flat[start] for start in indptr]
         self.args = [flat[start + 2:start + 2 + flat[start + 1]] for start in indptr]
 
-    def expr(self, expr_id: int) -> tuple[int, list[int]]:
-        return self.kinds[expr_id], self.args[expr_id]
-
     def children(self, expr_id: int) -> tuple[list[int], list[int]]:
         """(sub-expression ids, rule ids) an expression refers to."""
-        kind, args = self.expr(expr_id)
+        kind, args = self.kinds[expr_id], self.args[expr_id]
         if kind in (SEQUENCE, CHOICES):
             return list(args), []
         if kind in (RULE_REF, REPEAT):
@@ -140,7 +138,7 @@ def check_grammar_bounds(serialized: str, *, kind: str = "grammar") -> None:
                 _dead_rule(grammar, expr_id, rule, expr_min, rule_min)]))
         if value > MAX_SHORTEST_BYTES:
             raise ConstraintError(
-                f"{_what(kind)} forces at least {int(value)} bytes of text in rule "
+                f"{_WHAT.get(kind, 'the grammar')} forces at least {int(value)} bytes of text in rule "
                 f"`{grammar.rule_names[rule]}`; the limit is {MAX_SHORTEST_BYTES}")
         sub, refs = grammar.children(expr_id)
         stack.extend((e, rule) for e in sub)
@@ -174,11 +172,6 @@ def _dead_end(kind: str, rule_name: str) -> str:
     return (f"the grammar can never end once it enters rule `{rule_name}`: no finite text "
             "completes it (a rule that only recurses into itself, or a character class that "
             "matches nothing)")
-
-
-def _what(kind: str) -> str:
-    return {"regex": "the regex", "json_schema": "the JSON schema",
-            "json_object": "the JSON grammar"}.get(kind, "the grammar")
 
 
 def _never_ends(kind: str) -> str:

@@ -140,7 +140,9 @@ class _Rewriter(SchemaCombiner):
             return self._rewrite_union(union, "anyOf", pointer, negating="not")
         if "not" in node:
             rewrite_not(node, pointer)
-        _refuse_ignored(node, pointer)
+        for kw in IGNORED_BY_XGRAMMAR:
+            if kw in node:
+                raise refuse(kw, pointer, "the grammar backend would ignore it")
         node = _infer_type(node)
         if isinstance(node.get("type"), list) and validation_keys(node, exclude=("type",)):
             # xgrammar applies type-specific keywords unreliably to type lists: split by type
@@ -316,12 +318,6 @@ def _rewrite_number(node: dict, pointer: str) -> None:
         if lo and hi and max(lo) > min(hi):
             raise ConstraintError(f"the integer range at {where(pointer)} is empty")
         bounded_multiples(node, pointer)
-
-
-def _refuse_ignored(node: dict, pointer: str) -> None:
-    for kw in IGNORED_BY_XGRAMMAR:
-        if kw in node:
-            raise refuse(kw, pointer, "the grammar backend would ignore it")
 
 
 def _drop_trivial(node: dict) -> None:

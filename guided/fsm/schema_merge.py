@@ -108,7 +108,7 @@ class SchemaCombiner:
         if not isinstance(a, dict) or not isinstance(b, dict):
             return False
         ta, tb = _types_of(a), _types_of(b)
-        if ta is not None and tb is not None and not _types_overlap(ta, tb):
+        if ta is not None and tb is not None and not ta & tb:
             return True
         va, vb = self.known_values(a, pointer), self.known_values(b, pointer)
         if va is not None and vb is not None and not (va & vb):
@@ -290,18 +290,14 @@ def validation_keys(node: dict, exclude: tuple = ()) -> list[str]:
 
 
 def _types_of(node: dict) -> set[str] | None:
+    """The types node admits ("number" widened by "integer"), or None: any."""
     if "type" in node:
-        return set(as_list(node["type"]))
-    if "const" in node or "enum" in node:
-        return {_json_type(v) for v in ([node["const"]] if "const" in node else node["enum"])}
-    return None
-
-
-def _types_overlap(a: set[str], b: set[str]) -> bool:
-    def widen(s: set[str]) -> set[str]:
-        return s | ({"integer"} if "number" in s else set())
-
-    return bool(widen(a) & widen(b))
+        types = set(as_list(node["type"]))
+    elif "const" in node or "enum" in node:
+        types = {_json_type(v) for v in ([node["const"]] if "const" in node else node["enum"])}
+    else:
+        return None
+    return types | ({"integer"} if "number" in types else set())
 
 
 def _json_type(value: Any) -> str:
