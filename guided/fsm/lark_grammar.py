@@ -36,17 +36,14 @@ DIALECT = ("this server compiles GBNF-style EBNF (xgrammar's dialect: `root ::= 
            "rules `name ::= ...`)")
 
 
-class LarkError(ConstraintError):
-    pass
-
-
 def is_lark(text: str) -> bool:
     """Lark rather than GBNF: no `::=`, and a line that starts a `name:` rule."""
     return "::=" not in text and any(_HEADER.match(line) for line in text.splitlines())
 
 
-def _refuse(what: str) -> LarkError:
-    return LarkError(f"the Lark grammar uses {what}, which guided does not convert; {DIALECT}")
+def _refuse(what: str) -> ConstraintError:
+    return ConstraintError(f"the Lark grammar uses {what}, which guided does not convert; "
+                           f"{DIALECT}")
 
 
 def lark_to_ebnf(text: str) -> str:
@@ -67,7 +64,7 @@ def lark_to_ebnf(text: str) -> str:
         else:
             raise _refuse(f"a line that is no rule: {stripped[:40]!r}")
     if not any(name == "start" for name, _ in rules):
-        raise LarkError(f"the Lark grammar has no `start` rule; {DIALECT}")
+        raise ConstraintError(f"the Lark grammar has no `start` rule; {DIALECT}")
     out = [f"{_name(name)} ::= {_body(' '.join(parts))}" for name, parts in rules]
     defined = {name for name, _ in rules}
     out += [f"{name} ::= {_COMMON[name]}" for name in imports if name not in defined]

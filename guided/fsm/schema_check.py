@@ -179,13 +179,12 @@ class _Rewriter(SchemaCombiner):
         """anyOf / oneOf, and the unions of if and of some nots (`negating`: the keyword to
         refuse where a branch's negation cannot be said). Unsatisfiable branches are left out."""
         branches = node.pop(kw)
-        rest = node
-        defs = {k: rest.pop(k) for k in ("$defs", "definitions") if k in rest}
+        defs = {k: node.pop(k) for k in ("$defs", "definitions") if k in node}
         live, originals = [], []
         for branch in (b for b in branches if b is not False):
             try:
-                merged = (self.merge([copy.deepcopy(rest), branch], f"{pointer}/{kw}", kw)
-                          if validation_keys(rest) else branch)
+                merged = (self.merge([copy.deepcopy(node), branch], f"{pointer}/{kw}", kw)
+                          if validation_keys(node) else branch)
             except Unsatisfiable:
                 continue
             live.append(merged)

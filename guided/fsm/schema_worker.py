@@ -109,7 +109,5 @@ def main() -> None:
         _send(stdout, answer)
 
 
-if __name__ == "__main__":  # run as the module's own name: its answers unpickle in the engine
-    from guided.fsm.schema_worker import main as worker_main
-
-    worker_main()
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from guided.fsm.lark_grammar import LarkError, is_lark, lark_to_ebnf
+from guided.errors import ConstraintError
+from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -68,7 +69,7 @@ def test_lark_grammars_become_the_same_language(grammar, good, bad):
     ('start: ("a"', "unclosed"),
 ])
 def test_what_is_not_converted_is_refused_naming_the_dialect(grammar, what):
-    with pytest.raises(LarkError, match=what) as e:
+    with pytest.raises(ConstraintError, match=what) as e:
         lark_to_ebnf(grammar)
     assert "root ::=" in str(e.value)
 

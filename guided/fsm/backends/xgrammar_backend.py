@@ -75,16 +75,6 @@ def grammar_of(recipe: Recipe) -> xgr.Grammar:
     return grammar
 
 
-def _checked(recipe: Recipe) -> xgr.Grammar:
-    """The recipe's grammar; ConstraintError where it does not parse or fails its bounds."""
-    try:
-        grammar = grammar_of(recipe)
-    except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError / ValueError
-        raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
-    check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
-    return grammar
-
-
 def _detail(error: Exception) -> str:
     """The first line of xgrammar's message, without its "[time] file.cc:line:" head."""
     detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -141,7 +131,12 @@ class XGrammarBackend:
         return Recipe(kind, source, self.config.any_whitespace, self.config.max_whitespace)
 
     def compile(self, recipe: Recipe) -> xgr.CompiledGrammar:
-        grammar = _checked(recipe)
+        """ConstraintError where the grammar does not parse, fails its bounds or compile."""
+        try:
+            grammar = grammar_of(recipe)
+        except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError / ValueError
+            raise ConstraintError(f"cannot compile {recipe.kind}: {_detail(e)}") from None
+        check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
         try:
             return self.compiler.compile_grammar(grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError / ValueError
