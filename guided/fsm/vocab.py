@@ -7,18 +7,10 @@ from functools import lru_cache
 
 @lru_cache(maxsize=1)
 def gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's reversible byte <-> printable unicode table (bytes_to_unicode), inverted (the
-    server's logprob bytes)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    byte_values, code_points = printable[:], printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            byte_values.append(b)
-            code_points.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(byte_values, code_points)}
+    """GPT-2's reversible byte <-> printable unicode table, inverted (the server's logprob bytes)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: vocabularies are big
