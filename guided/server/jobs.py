@@ -102,11 +102,10 @@ class Returns:
     usage_at_end: bool = False  # stream_options.include_usage: a last chunk with the usage
 
     @classmethod
-    def of(cls, req, cached_tokens: bool = False) -> Returns:
-        options = getattr(req, "stream_options", None)
+    def of(cls, req, cached_tokens: bool) -> Returns:
+        options = req.stream_options
         usage = bool(options and options.include_usage)
-        return cls(bool(getattr(req, "return_token_ids", False)),
-                   bool(getattr(req, "return_tokens_as_token_ids", False)),
+        return cls(req.return_token_ids, req.return_tokens_as_token_ids,
                    usage and bool(options.continuous_usage_stats), cached_tokens, usage)
 
 
