@@ -12,14 +12,6 @@ import torch
 from guided.kernels import tl, triton, use_triton
 
 
-def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] -> cache slots (slot = block * block_size + offset), slot_mapping [T]."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = k
-    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = v
-
-
 def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_table: torch.Tensor,
              sin_table: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] rotated at positions [T]; cos/sin tables [max_pos, D/2] fp32."""
@@ -39,7 +31,8 @@ def rope_write_kv_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_table: tor
                          num_kv_heads * head_dim], dim=-1)
     q = rope_ref(positions, q.view(num_tokens, num_heads, head_dim), cos_table, sin_table)
     k = rope_ref(positions, k.view(num_tokens, num_kv_heads, head_dim), cos_table, sin_table)
-    write_kv_ref(k, v.view(num_tokens, num_kv_heads, head_dim), k_cache, v_cache, slot_mapping)
+    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = k  # slot: block * block_size + offset
+    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = v.view(k.shape)
     return q
 
 

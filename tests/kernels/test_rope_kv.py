@@ -40,15 +40,14 @@ def _run(fn, x: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, x["k_cache"], x["v_cache"]
 
 
-def test_write_kv_ref_round_trips() -> None:
-    k_cache, v_cache = torch.randn(4, 16, 2, 64), torch.randn(4, 16, 2, 64)
-    k = torch.randn(5, 2, 64)
-    v = torch.randn(5, 2, 64)
-    slots = torch.tensor([3, 17, 18, 40, 2], dtype=torch.int64)
-    rope_kv.write_kv_ref(k, v, k_cache, v_cache, slots)
-    for i, s in enumerate(slots.tolist()):
-        assert torch.equal(k_cache[s // 16, s % 16], k[i])
-        assert torch.equal(v_cache[s // 16, s % 16], v[i])
+def test_ref_writes_rotated_k_and_v_to_each_token_slot() -> None:
+    x = _inputs(5, 2, 2, 64, torch.float32, "cpu")  # cache blocks of 8 slots
+    _, k_cache, v_cache = _run(rope_kv.rope_write_kv_ref, x)
+    k, v = x["qkv"][:, 128:].view(5, 2, 2, 64).unbind(1)  # (T, Hkv, D) each
+    k = rope_kv.rope_ref(x["positions"], k, x["cos_table"], x["sin_table"])
+    for i, s in enumerate(x["slot_mapping"].tolist()):
+        assert torch.equal(k_cache[s // 8, s % 8], k[i])
+        assert torch.equal(v_cache[s // 8, s % 8], v[i])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

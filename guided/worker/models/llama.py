@@ -35,12 +35,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 EAGER = SimpleNamespace(rms_norm=rms_norm, add_rms_norm=add_rms_norm, silu_mul=silu_mul)
 
 
-def compiled_ops() -> SimpleNamespace:
-    return SimpleNamespace(silu_mul=silu_mul, **{
-        name: torch.compile(fn, dynamic=True, fullgraph=True)
-        for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm))})
-
-
 # each (num_blocks, block_size, num_kv_heads, head_dim); sharded: this rank's KV heads only
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -168,18 +162,19 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(cfg)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, self.layout.vocab_rows, bias=False))
-        self.ops = EAGER
         self.fused_ops = EAGER
 
     def use_compiled_ops(self) -> None:
         """Compiled ops for forward(fused=True), the CUDA graphs: eager steps keep the plain
         ops, as the compiled calls' guard checks on the host outweighed the fusion there."""
-        self.fused_ops = compiled_ops()
+        self.fused_ops = SimpleNamespace(silu_mul=silu_mul, **{
+            name: torch.compile(fn, dynamic=True, fullgraph=True)
+            for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm))})
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata, *, fused: bool = False
                 ) -> torch.Tensor:
-        f = self.fused_ops if fused else self.ops
+        f = self.fused_ops if fused else EAGER
         residual = self.embed_tokens(input_ids)  # (T, H)
         first = self.layers[0].input_layernorm
         h = f.rms_norm(residual, first.weight, first.eps)
