@@ -22,7 +22,7 @@ from typing import get_args
 
 from guided.errors import CompileTimeoutError, ConstraintError
 from guided.fsm.backends.llguidance_backend import prefers_llguidance
-from guided.fsm.grammar_bounds import schema_problem
+from guided.fsm.grammar_bounds import check_grammar_bounds, schema_problem
 from guided.fsm.lark_grammar import is_lark, lark_to_ebnf
 from guided.fsm.matcher import Matcher
 from guided.fsm.schema_worker import check
@@ -258,9 +258,16 @@ def quick_problem(spec: ConstraintSpec) -> str | None:
     if spec.kind == "json_schema":
         return schema_problem(spec.value)
     if spec.kind == "regex" or spec.kind == "grammar" and not is_lark(spec.value):
-        from guided.fsm.backends.xgrammar_backend import Recipe, bounds_problem
+        from guided.fsm.backends.xgrammar_backend import Recipe, grammar_of
 
-        return bounds_problem(Recipe(spec.kind, spec.value))
+        try:
+            grammar = grammar_of(Recipe(spec.kind, spec.value))
+        except Exception:  # noqa: BLE001 - a syntax error: the compile reports it
+            return None
+        try:
+            check_grammar_bounds(grammar.serialize_json(), kind=spec.kind)
+        except ConstraintError as e:
+            return str(e)
     return None
 
 

@@ -223,10 +223,9 @@ def _pieces(body: str) -> list[tuple[str, str]] | None:
 
 
 def _counts(quantifier: str) -> tuple[int, float]:
-    if not quantifier:
-        return 1, 1
-    if quantifier in ("?", "*", "+"):
-        return {"?": (0, 1), "*": (0, math.inf), "+": (1, math.inf)}[quantifier]
+    simple = {"": (1, 1), "?": (0, 1), "*": (0, math.inf), "+": (1, math.inf)}
+    if quantifier in simple:
+        return simple[quantifier]
     low, _, high = quantifier[1:-1].partition(",")
     if not _:
         return int(low), int(low)

@@ -81,19 +81,6 @@ def _detail(error: Exception) -> str:
     return detail.split(": ", 1)[-1] if detail.startswith("[") and "]" in detail else detail
 
 
-def bounds_problem(recipe: Recipe) -> str | None:
-    """Why the recipe's grammar fails its bounds; None if it passes or does not parse."""
-    try:
-        grammar = grammar_of(recipe)
-    except Exception:  # noqa: BLE001 - a syntax error: the compile reports it
-        return None
-    try:
-        check_grammar_bounds(grammar.serialize_json(), kind=recipe.kind)
-    except ConstraintError as e:
-        return str(e)
-    return None
-
-
 class XGrammarBackend:
     """One thread-safe xgrammar GrammarCompiler (its cache off: GrammarCompiler keeps an LRU)."""
 
