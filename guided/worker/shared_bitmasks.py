@@ -76,7 +76,11 @@ class SharedBitmasks:
             torch.Tensor, int, str]:
         """(an int32 (num_rows, words) view to fill, its slot, its path). wait: called between
         polls while a rank still reads the slot (raises if a rank has died)."""
-        self._unlink_mapped()
+        done = int(self._consumed.min())
+        for i, after in enumerate(self._unlink_after):
+            if after is not None and done >= after:  # every rank has segment i mapped
+                self._segments[i].unlink()
+                self._unlink_after[i] = None
         slot = self._next
         self._next = (slot + 1) % NUM_SLOTS
         while int(self._consumed.min()) < self._last_step[slot]:
@@ -100,13 +104,6 @@ class SharedBitmasks:
     def sent(self, slot: int, step: int) -> None:
         if self._unlink_after[slot] == UNSENT:
             self._unlink_after[slot] = step
-
-    def _unlink_mapped(self) -> None:
-        done = int(self._consumed.min())
-        for slot, after in enumerate(self._unlink_after):
-            if after is not None and done >= after:  # every rank has it mapped
-                self._segments[slot].unlink()
-                self._unlink_after[slot] = None
 
     def unlink_counters(self) -> None:
         """Every rank maps the counters before it says Ready."""
